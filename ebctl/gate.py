@@ -1,0 +1,107 @@
+"""The per-iteration phase gate the engine asks "may a prefill batch form now?" (DESIGN.md, PhaseGate).
+
+Pure and cheap: numbers the engine already has come in, a decision comes out; the only state is the
+phase, which the caller keeps (``PhaseGate`` is a two-field holder around :func:`gate_step`).
+
+EB mode (paper §3.1 and Eq. 23): stay in DECODE until ``free slots = n_max − running`` reaches k while
+requests wait and the KV reserve holds (``kv_free_frac ≥ kv_reserve_frac``); then REFILL admits prefills
+until the slots are full, the queue is empty or KV falls below the reserve; then DECODE again.
+``running == 0`` always admits (nothing to protect, and an idle engine must not wait for k arrivals).
+A request that has waited ``max_defer_s`` forces a refill, so EB's deferral is bounded.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ebctl.protocol import Mode, Policy
+
+
+class Phase(enum.StrEnum):
+    DECODE = "decode"
+    REFILL = "refill"
+
+
+class Reason(enum.StrEnum):
+    THRESHOLD = "threshold"  # k free slots reached: refill
+    IDLE = "idle"  # nothing running: admit
+    STARVATION = "starvation"  # oldest wait ≥ max_defer_s: forced refill
+    FILLING = "filling"  # refill continues
+    WAIT_K = "wait_k"  # fewer than k free slots
+    KV_RESERVE = "kv_reserve"  # Eq. 23 gate: not enough free KV to refill
+    FULL = "full"  # refill ended: slots full
+    QUEUE_EMPTY = "queue_empty"  # refill ended (or nothing to admit)
+    MIXED = "mixed"  # mb mode
+    STOCK = "stock"  # off / no policy: engine's own behaviour
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """``allow_prefill``: a prefill (or mixed) batch may form this iteration; ``admit_max``: at most this
+    many new requests may be admitted (None: no cap of ours); ``mixed``: whether mixing prefill chunks with
+    decode rows is wanted (None: the engine's launch setting)."""
+
+    phase: Phase
+    allow_prefill: bool
+    admit_max: int | None
+    mixed: bool | None
+    reason: Reason
+
+
+_STOCK = GateDecision(Phase.DECODE, True, None, None, Reason.STOCK)
+
+
+def gate_step(
+    phase: Phase,
+    policy: Policy | None,
+    *,
+    running: int,
+    waiting: int,
+    kv_free_frac: float,
+    oldest_wait_s: float,
+) -> GateDecision:
+    """One transition of the phase machine. ``policy`` None (none yet, or expired) means stock."""
+    if policy is None or policy.mode is Mode.OFF:
+        return _STOCK
+    free = policy.n_max - running
+    if policy.mode is Mode.MB:
+        return GateDecision(Phase.REFILL, free > 0, max(free, 0), True, Reason.MIXED)
+    if waiting <= 0:
+        return GateDecision(Phase.DECODE, False, 0, False, Reason.QUEUE_EMPTY)
+    if running <= 0:
+        return GateDecision(Phase.REFILL, True, max(free, 1), False, Reason.IDLE)
+    if free <= 0:
+        return GateDecision(Phase.DECODE, False, 0, False, Reason.FULL)
+    kv_ok = kv_free_frac >= policy.kv_reserve_frac
+    if phase is Phase.REFILL:
+        if kv_ok:
+            return GateDecision(Phase.REFILL, True, free, False, Reason.FILLING)
+        return GateDecision(Phase.DECODE, False, 0, False, Reason.KV_RESERVE)
+    if oldest_wait_s >= policy.max_defer_s:
+        # Anti-starvation beats the KV reserve: the engine's own allocator still refuses what cannot fit.
+        return GateDecision(Phase.REFILL, True, free, False, Reason.STARVATION)
+    if free < policy.k:
+        return GateDecision(Phase.DECODE, False, 0, False, Reason.WAIT_K)
+    if not kv_ok:
+        return GateDecision(Phase.DECODE, False, 0, False, Reason.KV_RESERVE)
+    return GateDecision(Phase.REFILL, True, free, False, Reason.THRESHOLD)
+
+
+class PhaseGate:
+    """Holds the phase between iterations; everything else is :func:`gate_step`."""
+
+    __slots__ = ("last", "phase")
+
+    def __init__(self) -> None:
+        self.phase = Phase.DECODE
+        self.last: GateDecision = _STOCK
+
+    def decide(
+        self, policy: Policy | None, *, running: int, waiting: int, kv_free_frac: float, oldest_wait_s: float
+    ) -> GateDecision:
+        d = gate_step(self.phase, policy, running=running, waiting=waiting,
+                      kv_free_frac=kv_free_frac, oldest_wait_s=oldest_wait_s)
+        self.phase = d.phase
+        self.last = d
+        return d

@@ -1,0 +1,200 @@
+"""Wire types between engines, the daemon and the CLI (DESIGN.md, "Per-iteration contract").
+
+Pure: structs, one encoder, decoders built once, validation. No sockets here (STYLE.md 6).
+Every message carries ``v`` (protocol version); a decoder refuses any other version with
+``ProtocolError`` so the shell can count it and drop the frame.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol version (counted, then dropped)."""
+
+
+class Mode(enum.StrEnum):
+    """Batching mode the engine is asked to run."""
+
+    EB = "eb"  # exclusive batching: prefill and decode in separate batches, refill at k idle slots
+    MB = "mb"  # mixed batching: decode rows and prefill chunks in one batch
+    OFF = "off"  # the engine's stock behaviour, untouched
+
+
+class BatchKind(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+    IDLE = "idle"
+
+
+class FinishedRequest(msgspec.Struct, frozen=True, array_like=True):
+    """One completed request: what the hazard and input-length estimators consume."""
+
+    input_len: int
+    output_len: int
+    finish_reason: str = "stop"  # "stop" (EOS / stop string), "length" (max_new_tokens), "abort"
+    ttft_s: float = math.nan
+
+
+class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True):
+    """What one scheduler iteration did (engine → daemon), with the requests it finished."""
+
+    v: int = PROTOCOL_VERSION
+    engine_id: str
+    seq: int
+    wall_time: float  # engine's wall clock, seconds since the epoch
+    forward_s: float  # duration of the forward pass (or the iteration, if that is all it knows)
+    kind: BatchKind
+    prefill_reqs: int = 0
+    prefill_tokens: int = 0
+    decode_reqs: int = 0
+    decode_ctx_tokens: int = 0  # sum of the decode requests' context lengths
+    running: int = 0
+    waiting: int = 0
+    kv_used: int = 0
+    kv_total: int = 0
+    policy_version: int = -1  # -1: no policy applied (stock behaviour)
+    mixed_unavailable: bool = False  # the engine cannot mix (no chunked prefill): mb falls back to eb
+    finished: tuple[FinishedRequest, ...] = ()
+
+
+class Estimates(msgspec.Struct, frozen=True, kw_only=True):
+    """The numbers behind a policy, for status and metrics only (the engine never reads them)."""
+
+    p0: float = math.nan
+    eta: float = math.nan
+    fit_r2: float = math.nan
+    mu_l: float = math.nan
+    mu_o: float = math.nan
+    n_window: int = 0
+    theta0: float = math.nan
+    delta_theta: float = math.nan
+    theta_star: float = math.nan
+    n_star: int = 0
+    n_obs: float = math.nan
+    eb_lhs: float = math.nan  # Eq. 8 left side: beta_MB^e(r) - beta_EB^w
+    eb_rhs: float = math.nan  # Eq. 8 right side, delta included
+    alpha_p: float = math.nan
+    beta_p: float = math.nan
+    alpha_d: float = math.nan
+    beta_d: float = math.nan
+    cost_source: str = "default"
+
+
+class Policy(msgspec.Struct, frozen=True, tag="policy", kw_only=True):
+    """Daemon → engine: what to do until ``issued_at + ttl_s`` (then: stock behaviour)."""
+
+    v: int = PROTOCOL_VERSION
+    engine_id: str = ""
+    version: int = 0
+    issued_at: float = 0.0
+    ttl_s: float = 10.0
+    mode: Mode = Mode.OFF
+    k: int = 1
+    n_max: int = 1
+    kv_reserve_frac: float = 0.0
+    max_defer_s: float = 5.0
+    reason: str = ""
+    estimates: Estimates | None = None
+
+    def expired(self, now: float) -> bool:
+        return now >= self.issued_at + self.ttl_s
+
+
+class ControlRequest(msgspec.Struct, frozen=True, tag="req", kw_only=True):
+    """CLI → daemon over REQ/REP. ``op`` in CONTROL_OPS; ``args`` depends on it."""
+
+    v: int = PROTOCOL_VERSION
+    op: str
+    args: dict[str, Any] = {}
+
+
+class ControlReply(msgspec.Struct, frozen=True, tag="rep", kw_only=True):
+    v: int = PROTOCOL_VERSION
+    ok: bool
+    error: str = ""
+    data: Any = None
+
+
+CONTROL_OPS = ("status", "tune", "reload", "calibrate", "shutdown", "config")
+
+Message = IterationReport | Policy | ControlRequest | ControlReply
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {
+    t: msgspec.msgpack.Decoder(t) for t in (IterationReport, Policy, ControlRequest, ControlReply)
+}
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def _finite_nonneg(name: str, x: float) -> None:
+    if not (math.isfinite(x) and x >= 0):
+        raise ProtocolError(f"{name}={x!r}: must be finite and >= 0")
+
+
+def _validate_report(r: IterationReport) -> None:
+    for name in ("seq", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_ctx_tokens",
+                 "running", "waiting", "kv_used", "kv_total"):
+        if getattr(r, name) < 0:
+            raise ProtocolError(f"{name}={getattr(r, name)}: must be >= 0")
+    _finite_nonneg("forward_s", r.forward_s)
+    if not math.isfinite(r.wall_time):
+        raise ProtocolError("wall_time must be finite")
+    if not r.engine_id or len(r.engine_id) > 128:
+        raise ProtocolError("engine_id must be 1..128 characters")
+    for f in r.finished:
+        if f.input_len < 0 or f.output_len < 0:
+            raise ProtocolError(f"finished request with negative length ({f.input_len}, {f.output_len})")
+
+
+def _validate_policy(p: Policy) -> None:
+    if p.k < 1 or p.n_max < 1:
+        raise ProtocolError(f"k={p.k}, n_max={p.n_max}: both must be >= 1")
+    if not (0.0 <= p.kv_reserve_frac < 1.0):
+        raise ProtocolError(f"kv_reserve_frac={p.kv_reserve_frac}: must be in [0, 1)")
+    _finite_nonneg("ttl_s", p.ttl_s)
+    _finite_nonneg("max_defer_s", p.max_defer_s)
+    if not math.isfinite(p.issued_at):
+        raise ProtocolError("issued_at must be finite")
+
+
+_VALIDATORS = {IterationReport: _validate_report, Policy: _validate_policy}
+
+
+def decode(data: bytes, kind: type[Message]) -> Any:
+    """Decode and validate one frame as ``kind``; raise ProtocolError on anything wrong."""
+    try:
+        msg = _decoders[kind].decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        # A frame of a newer (or older) version may not even fit the struct: say which version it was.
+        v = _peek_version(data)
+        if v is not None and v != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {v} (this side speaks {PROTOCOL_VERSION})") from e
+        raise ProtocolError(f"malformed {kind.__name__}: {e}") from e
+    if msg.v != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {msg.v} (this side speaks {PROTOCOL_VERSION})")
+    validate = _VALIDATORS.get(kind)
+    if validate is not None:
+        validate(msg)
+    return msg
+
+
+def _peek_version(data: bytes) -> int | None:
+    try:
+        obj = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    v = obj.get("v") if isinstance(obj, dict) else None
+    return v if isinstance(v, int) else None
+

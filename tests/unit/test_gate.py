@@ -1,0 +1,111 @@
+"""PhaseGate: every edge of the phase machine, the starvation bound and the KV reserve (DESIGN.md)."""
+
+import pytest
+
+from ebctl.gate import Phase, PhaseGate, Reason, gate_step
+from ebctl.protocol import Mode, Policy
+
+EB = Policy(mode=Mode.EB, k=4, n_max=8, kv_reserve_frac=0.2, max_defer_s=5.0)
+
+
+def step(phase, policy=EB, *, running, waiting, kv=1.0, wait_s=0.0):
+    return gate_step(phase, policy, running=running, waiting=waiting, kv_free_frac=kv, oldest_wait_s=wait_s)
+
+
+@pytest.mark.parametrize("policy", [None, Policy(mode=Mode.OFF, k=4, n_max=8)])
+def test_off_or_no_policy_is_stock(policy):
+    for phase in Phase:
+        d = step(phase, policy, running=3, waiting=9, kv=0.0, wait_s=100)
+        assert (d.allow_prefill, d.admit_max, d.mixed, d.reason) == (True, None, None, Reason.STOCK)
+
+
+def test_decode_waits_for_k_free_slots():
+    d = step(Phase.DECODE, running=5, waiting=10)  # 3 free < k = 4
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.DECODE, False, 0, Reason.WAIT_K)
+    d = step(Phase.DECODE, running=4, waiting=10)  # 4 free = k
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.REFILL, True, 4, Reason.THRESHOLD)
+    assert d.mixed is False
+
+
+def test_refill_continues_until_full_then_decode():
+    d = step(Phase.REFILL, running=6, waiting=10)  # fewer than k free, but refill goes on until full
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.REFILL, True, 2, Reason.FILLING)
+    d = step(Phase.REFILL, running=8, waiting=10)
+    assert (d.phase, d.allow_prefill, d.reason) == (Phase.DECODE, False, Reason.FULL)
+
+
+def test_refill_ends_when_queue_empties():
+    d = step(Phase.REFILL, running=5, waiting=0)
+    assert (d.phase, d.allow_prefill, d.reason) == (Phase.DECODE, False, Reason.QUEUE_EMPTY)
+    d = step(Phase.DECODE, running=0, waiting=0)
+    assert (d.phase, d.allow_prefill) == (Phase.DECODE, False)
+
+
+def test_refill_ends_when_kv_falls_below_reserve():
+    d = step(Phase.REFILL, running=5, waiting=10, kv=0.1)
+    assert (d.phase, d.allow_prefill, d.reason) == (Phase.DECODE, False, Reason.KV_RESERVE)
+
+
+def test_kv_reserve_defers_the_switch():
+    """Eq. 23: k free slots and waiting requests, but too little free KV: stay in DECODE."""
+    d = step(Phase.DECODE, running=2, waiting=10, kv=0.19)
+    assert (d.phase, d.allow_prefill, d.reason) == (Phase.DECODE, False, Reason.KV_RESERVE)
+    d = step(Phase.DECODE, running=2, waiting=10, kv=0.2)
+    assert (d.phase, d.allow_prefill) == (Phase.REFILL, True)
+
+
+def test_idle_engine_always_admits():
+    d = step(Phase.DECODE, running=0, waiting=1, kv=0.0)  # even below the KV reserve, even < k waiting
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.REFILL, True, 8, Reason.IDLE)
+
+
+def test_starvation_forces_refill_but_not_beyond_n_max():
+    d = step(Phase.DECODE, running=6, waiting=1, kv=0.0, wait_s=5.0)
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.REFILL, True, 2, Reason.STARVATION)
+    d = step(Phase.DECODE, running=6, waiting=1, kv=1.0, wait_s=4.99)
+    assert d.allow_prefill is False
+    d = step(Phase.DECODE, running=8, waiting=1, wait_s=100)  # no slot: nothing can be admitted
+    assert (d.allow_prefill, d.reason) == (False, Reason.FULL)
+
+
+def test_n_max_lowered_below_running_admits_nothing():
+    d = step(Phase.REFILL, running=12, waiting=3)
+    assert (d.phase, d.allow_prefill, d.admit_max) == (Phase.DECODE, False, 0)
+
+
+def test_mb_mode_mixes_up_to_n_max():
+    mb = Policy(mode=Mode.MB, k=4, n_max=8)
+    d = step(Phase.DECODE, mb, running=3, waiting=10, kv=0.0)
+    assert (d.allow_prefill, d.admit_max, d.mixed, d.reason) == (True, 5, True, Reason.MIXED)
+    d = step(Phase.DECODE, mb, running=8, waiting=10)
+    assert (d.allow_prefill, d.admit_max) == (False, 0)
+
+
+def test_starvation_bound_in_a_cycle():
+    """Drive the stateful gate: with k never reached, a waiting request is admitted once it has waited
+    max_defer_s, and not before."""
+    gate = PhaseGate()
+    pol = Policy(mode=Mode.EB, k=8, n_max=8, max_defer_s=2.0)
+    admitted_at = None
+    for i in range(100):
+        t = i * 0.1
+        d = gate.decide(pol, running=7, waiting=1, kv_free_frac=1.0, oldest_wait_s=t)
+        if d.allow_prefill:
+            admitted_at = t
+            break
+    assert admitted_at == pytest.approx(2.0)
+    assert gate.phase is Phase.REFILL
+
+
+def test_full_eb_cycle_counts_prefill_batches():
+    """A saturated queue: a refill starts exactly when k slots are free, fills them, then decodes."""
+    gate = PhaseGate()
+    running, switches = 8, []
+    for it in range(40):
+        d = gate.decide(EB, running=running, waiting=100, kv_free_frac=1.0, oldest_wait_s=0.0)
+        if d.allow_prefill:
+            switches.append(8 - running)
+            running += d.admit_max  # the engine admits what it may
+        elif it % 2 == 0:
+            running -= 1  # a completion every other iteration
+    assert switches and all(s == 4 for s in switches)

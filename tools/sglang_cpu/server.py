@@ -1,0 +1,164 @@
+"""Start and stop the real sglang server on CPU with the tiny model (test infrastructure, stdlib only).
+
+    from tools.sglang_cpu.server import tiny_server      # or put tools/sglang_cpu on sys.path
+    with tiny_server(venv, model_dir, extra_args=["--enable-mixed-chunk"]) as (base_url, proc):
+        ...  # POST f"{base_url}/generate"; the server's log is at proc.log_path
+
+    python tools/sglang_cpu/server.py --venv VENV --model DIR [-- EXTRA SGLANG ARGS]   # serve until ^C
+
+The server runs in its own process group with SGLANG_USE_CPU_ENGINE=1 and this directory (the
+sgl_kernel stand-in) on PYTHONPATH; stopping it sends SIGTERM to the whole group, then SIGKILL.
+Flags and why: /work/shared/sglang-cpu/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+STUB_DIR = Path(__file__).resolve().parent  # holds the sgl_kernel stand-in
+
+BASE_ARGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--max-total-tokens", "16384",
+    "--mem-fraction-static", "0.1",
+    "--max-running-requests", "16",
+    "--sleep-on-idle",  # without it the idle scheduler spins a whole core
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for the server: `env` (default os.environ) plus what sglang needs on CPU."""
+    out = dict(os.environ if env is None else env)
+    out["SGLANG_USE_CPU_ENGINE"] = "1"
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUB_DIR), out.get("PYTHONPATH", "")) if p)
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    return out
+
+
+def server_command(venv: str | os.PathLike, model_dir: str | os.PathLike, port: int,
+                   extra_args: Sequence[str] = ()) -> list[str]:
+    """argv for `python -m sglang.launch_server`; later flags in `extra_args` override BASE_ARGS."""
+    return [str(Path(venv) / "bin" / "python"), "-m", "sglang.launch_server",
+            "--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+            *BASE_ARGS, *extra_args]
+
+
+def _get(url: str, timeout: float = 5.0) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status
+
+
+def post_json(url: str, payload: dict, timeout: float = 60.0) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout: float = 120.0) -> float:
+    """Poll /health until it answers 200; return seconds waited. Raise if the server dies or times out."""
+    t0 = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang server exited with {proc.returncode} before answering; "
+                               f"log: {getattr(proc, 'log_path', '?')}\n{_tail(proc)}")
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            if _get(f"{base_url}/health") == 200:
+                return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"sglang server not ready after {timeout:.0f} s; "
+                               f"log: {getattr(proc, 'log_path', '?')}\n{_tail(proc)}")
+        time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen, grace: float = 15.0) -> int | None:
+    """SIGTERM the server's process group, wait up to `grace` s, then SIGKILL it. Return the exit code."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)  # the group: scheduler and detokenizer children too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            # the leader is gone; children may linger a moment in the group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            break
+    return proc.returncode
+
+
+def _tail(proc: subprocess.Popen, n: int = 40) -> str:
+    path = getattr(proc, "log_path", None)
+    if not path or not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
+
+
+@contextlib.contextmanager
+def tiny_server(venv: str | os.PathLike, model_dir: str | os.PathLike, extra_args: Sequence[str] = (),
+                env: Mapping[str, str] | None = None, *, port: int | None = None,
+                timeout: float = 120.0, log_path: str | os.PathLike | None = None,
+                ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run sglang on CPU; yield (base_url, popen) once /health answers; always stop it on exit.
+
+    `env` replaces os.environ as the base environment (SGLANG_USE_CPU_ENGINE and PYTHONPATH are added).
+    The server's stdout+stderr go to `log_path` (default: a temporary file), kept as `popen.log_path`.
+    """
+    port = port or free_port()
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="sglang-tiny-", suffix=".log")
+        os.close(fd)
+    log = open(log_path, "wb")  # noqa: SIM115 -- closed in finally
+    proc = subprocess.Popen(server_command(venv, model_dir, port, extra_args), env=server_env(env),
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    proc.log_path = str(log_path)  # type: ignore[attr-defined]
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base_url, proc, timeout)
+        yield base_url, proc
+    finally:
+        stop(proc)
+        log.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve the tiny model with sglang on CPU until ^C.")
+    parser.add_argument("--venv", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then extra sglang flags")
+    args = parser.parse_args(argv)
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    t0 = time.monotonic()
+    with tiny_server(args.venv, args.model, extra, port=args.port, timeout=args.timeout) as (url, proc):
+        print(f"ready in {time.monotonic() - t0:.1f} s: {url} (pid {proc.pid}, log {proc.log_path})",
+              flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            proc.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
