@@ -81,7 +81,8 @@ def test_exact_fluid_integral_against_quadrature():
         t_end = model.fluid_decode_time(0.3, p0, eta)
         # the stopping time really is where the fluid survival reaches 1 − θ
         assert math.exp(-p0 * t_end - eta * t_end ** 2 / 2) == pytest.approx(0.7, rel=1e-12)
-        ref, _ = quad(lambda s: math.exp(-p0 * s - eta * s * s / 2), 0, t_end, epsabs=0, epsrel=1e-12)
+        ref, _ = quad(lambda s, p0=p0, eta=eta: math.exp(-p0 * s - eta * s * s / 2), 0, t_end,
+                      epsabs=0, epsrel=1e-12)
         assert model.fluid_batch_integral(t_end, p0, eta) == pytest.approx(ref, rel=1e-10)
 
 

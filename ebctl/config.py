@@ -1,0 +1,264 @@
+"""One typed configuration: a TOML file (default /etc/ebctl/ebctl.toml) overridden by CLI flags.
+
+Every key has a type, a default, an allowed range or set, and a one-line doc (``SPECS``). Errors name the
+key, the value and what is allowed. The controller's defaults live in ``ControllerParams`` (one source);
+this module adds the daemon's keys and the validation. ``ebctl config show`` prints ``to_toml(load(...))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebctl.controller import ControllerParams
+
+DEFAULT_PATH = "/etc/ebctl/ebctl.toml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    type: type
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def allowed(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.type is bool:
+            return "true or false"
+        parts = [self.type.__name__]
+        if self.lo is not None:
+            parts.append(f">= {self.lo}")
+        if self.hi is not None:
+            parts.append(f"<= {self.hi}")
+        return " ".join(parts)
+
+
+def default_runtime_dir() -> str:
+    """systemd's RuntimeDirectory when set, else a per-user directory (created 0700 by the daemon)."""
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return os.environ["RUNTIME_DIRECTORY"].split(":")[0]
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return str(Path(base) / f"ebctl-{os.getuid()}")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    runtime_dir: str = field(default_factory=default_runtime_dir)
+    telemetry_endpoint: str = ""  # "" → ipc://{runtime_dir}/telemetry.sock
+    policy_endpoint: str = ""  # "" → ipc://{runtime_dir}/policy.sock
+    control_endpoint: str = ""  # "" → ipc://{runtime_dir}/control.sock
+    curve_server_key: str = ""  # secret key file (ebctl keygen) for tcp:// endpoints
+    curve_client_key: str = ""  # the client's secret key file; its public half must be in curve_authorized
+    curve_authorized: str = ""  # directory or file of client public keys allowed to connect
+    insecure: bool = False  # allow plaintext tcp:// (never do this off a trusted network)
+    metrics_port: int = 0  # 0: no Prometheus exporter
+    metrics_host: str = "127.0.0.1"
+    profile: str = ""  # cost profile name or file; "" → defaults, then the online fit
+    node: str = ""  # node name prefixed to engine ids in status
+    republish_s: float = 2.0  # re-send every policy at least this often (must stay below policy_ttl)
+    log_level: str = "info"
+
+
+_DAEMON_SPECS: dict[str, Spec] = {
+    "runtime_dir": Spec(str, "directory of the ipc sockets, created with mode 0700"),
+    "telemetry_endpoint": Spec(str, "engines' reports come in here (PULL); empty: ipc in runtime_dir"),
+    "policy_endpoint": Spec(str, "policies go out here (PUB, topic = engine id); empty: ipc in runtime_dir"),
+    "control_endpoint": Spec(str, "status/tune/reload requests (REP); empty: ipc in runtime_dir"),
+    "curve_server_key": Spec(str, "CURVE secret key file of the daemon, required for tcp:// endpoints"),
+    "curve_client_key": Spec(str, "CURVE secret key file used by links and the CLI over tcp://"),
+    "curve_authorized": Spec(str, "file or directory of client public keys allowed over tcp://"),
+    "insecure": Spec(bool, "allow plaintext tcp:// endpoints (refused otherwise)"),
+    "metrics_port": Spec(int, "Prometheus exporter port; 0 disables it", 0, 65535),
+    "metrics_host": Spec(str, "address the exporter binds (keep it on localhost)"),
+    "profile": Spec(str, "cost profile preset name (e.g. qwen3-8b/h200) or file; seeds the online fit"),
+    "node": Spec(str, "node name shown with each engine id"),
+    "republish_s": Spec(float, "re-send each engine's policy at least this often (s)", 0.05, 3600),
+    "log_level": Spec(str, "daemon log level", choices=("debug", "info", "warning", "error")),
+}
+
+_CONTROLLER_SPECS: dict[str, Spec] = {
+    "mode": Spec(str, "eb: EB(k*, N*); eb+: Eq. 8 picks eb or mb; mb: mixed; off: stock engine",
+                 choices=("eb", "eb+", "mb", "off")),
+    "cold_mode": Spec(str, "mode before min_window completions are seen", choices=("off", "eb", "mb")),
+    "theta_method": Spec(str, "threshold: paper = θ0 + Δθ (Eq. 3 + 5), cfr = θ0, exact-fluid = numeric",
+                         choices=("paper", "cfr", "exact-fluid")),
+    "window": Spec(int, "W: completions in the sliding windows", 10, 1_000_000),
+    "update_every": Spec(int, "T_upd: completions between two updates", 1, 1_000_000),
+    "min_window": Spec(int, "W_min: completions before the first update", 2, 1_000_000),
+    "theta_default": Spec(float, "θ used before any data (cold_mode = eb)", 1e-4, 0.99),
+    "theta_min": Spec(float, "lower clip of θ*", 1e-4, 0.99),
+    "theta_max": Spec(float, "upper clip of θ*", 1e-4, 0.999),
+    "eps": Spec(float, "allowed OOM probability ε of Eq. 6", 1e-12, 0.5),
+    "n_bound": Spec(str, "batch-size bound of appendix D.5", choices=("probabilistic", "expected", "static")),
+    "n_max_limit": Spec(int, "the engine's max running requests; N* never exceeds it", 1, 1_000_000),
+    "n_floor_frac": Spec(float, "N* never below this share of n_max_limit", 0.0, 1.0),
+    "n_min_interval_s": Spec(float, "minimum time between two changes of N (s)", 0.0, 3600),
+    "kv_capacity_tokens": Spec(int, "KV capacity C in tokens; 0: as the engine reports", 0, 10**12),
+    "discrete_correction": Spec(bool, "use −ln(1−p0) for p0 (appendix B.3, source 4)"),
+    "min_eta_t": Spec(float, "apply Eq. 5 only when η̂ is this many standard errors above 0", 0.0, 100.0),
+    "delta": Spec(float, "Eq. 8 bias δ (s/token): > 0 favours mb, < 0 favours eb", -1.0, 1.0),
+    "mode_hysteresis": Spec(float, "Eq. 8 must clear its bound by this share of β_EB^w to switch", 0.0, 10.0),
+    "mode_cooldown": Spec(int, "updates between two mode switches", 0, 10_000),
+    "n_obs_alpha": Spec(float, "EMA weight of the running batch size N_obs", 1e-6, 1.0),
+    "kv_s": Spec(float, "Eq. 23 safety multiplier s_KV", 0.0, 100.0),
+    "kv_f0": Spec(float, "Eq. 23 base reserve f0", 0.0, 0.6),
+    "max_defer_s": Spec(float, "a waiting request forces a refill after this long (s)", 0.0, 86_400),
+    "ttl_s": Spec(float, "policy lifetime at the engine (s); then stock behaviour", 0.1, 86_400),
+    "cost_online": Spec(bool, "fit α/β from iteration reports, replacing the profile once good"),
+    "min_cost_r2": Spec(float, "R² an online cost fit needs before it is used", 0.0, 1.0),
+    "cost_window": Spec(int, "iterations kept per cost fit", 20, 1_000_000),
+}
+
+SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},
+                          **{f"controller.{k}": v for k, v in _CONTROLLER_SPECS.items()}}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    controller: ControllerParams = field(default_factory=ControllerParams)
+    path: str = ""  # the file it came from ("" = none)
+
+    def endpoint(self, which: str) -> str:
+        """'telemetry' | 'policy' | 'control': the configured endpoint or the ipc default."""
+        ep = getattr(self.daemon, f"{which}_endpoint")
+        return ep or f"ipc://{Path(self.daemon.runtime_dir) / f'{which}.sock'}"
+
+    def get(self, key: str) -> Any:
+        section, name = key.split(".", 1)
+        return getattr(getattr(self, section), name)
+
+    def with_updates(self, updates: dict[str, Any]) -> Config:
+        """A new Config with ``{"section.key": value}`` applied (strings are parsed); validated whole."""
+        by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}}
+        for key, raw in updates.items():
+            spec = SPECS.get(key)
+            if spec is None:
+                raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(SPECS))})")
+            section, name = key.split(".", 1)
+            by_section[section][name] = coerce(key, raw)
+        cfg = Config(daemon=dataclasses.replace(self.daemon, **by_section["daemon"]),
+                     controller=dataclasses.replace(self.controller, **by_section["controller"]), path=self.path)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Cross-key rules (single keys were checked by ``coerce``)."""
+        c = self.controller
+        if c.theta_min > c.theta_max:
+            raise ConfigError(f"controller.theta_min={c.theta_min} > controller.theta_max={c.theta_max}: "
+                              "allowed: theta_min <= theta_max")
+        if c.min_window > c.window:
+            raise ConfigError(f"controller.min_window={c.min_window} > controller.window={c.window}: "
+                              "allowed: min_window <= window")
+        if self.daemon.republish_s >= c.ttl_s:
+            raise ConfigError(f"daemon.republish_s={self.daemon.republish_s} >= controller.ttl_s={c.ttl_s}: "
+                              "policies would expire between re-sends; allowed: republish_s < ttl_s")
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {"daemon": dataclasses.asdict(self.daemon), "controller": dataclasses.asdict(self.controller)}
+
+
+def coerce(key: str, raw: Any) -> Any:
+    """Parse (from a CLI string) or check (from TOML) one value against its spec."""
+    spec = SPECS[key]
+
+    def bad(why: str = "") -> ConfigError:
+        return ConfigError(f"{key}={raw!r}: {why + '; ' if why else ''}allowed: {spec.allowed()}")
+
+    val = raw
+    if isinstance(raw, str) and spec.type is not str:
+        s = raw.strip().lower()
+        try:
+            if spec.type is bool:
+                if s not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise bad()
+                val = s in ("true", "1", "yes", "on")
+            elif spec.type is int:
+                val = int(s.replace("_", ""))
+            else:
+                val = float(s)
+        except ValueError:
+            raise bad() from None
+    if spec.type is float and isinstance(val, int) and not isinstance(val, bool):
+        val = float(val)
+    if not isinstance(val, spec.type) or (spec.type is int and isinstance(val, bool)):
+        raise bad(f"expected {spec.type.__name__}")
+    if spec.type is float and not math.isfinite(val):
+        raise bad("not finite")
+    if spec.choices and val not in spec.choices:
+        raise bad()
+    if (spec.lo is not None and val < spec.lo) or (spec.hi is not None and val > spec.hi):
+        raise bad("out of range")
+    return val
+
+
+def from_toml(text: str, *, path: str = "") -> Config:
+    where = f" in {path}" if path else ""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML{where}: {e}") from e
+    updates: dict[str, Any] = {}
+    for section, table in doc.items():
+        if section not in ("daemon", "controller") or not isinstance(table, dict):
+            raise ConfigError(f"unknown section [{section}]{where}: allowed: [daemon], [controller]")
+        for k, v in table.items():
+            updates[f"{section}.{k}"] = v
+    try:
+        return dataclasses.replace(Config(path=path), path=path).with_updates(updates)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{where}") from None
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """The file (if given; a missing default path is fine, a missing explicit path is an error), then
+    the overrides (``{"controller.mode": "eb+"}``), validated together."""
+    cfg = Config()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {path}: not found")
+        try:
+            cfg = from_toml(p.read_text(), path=str(p))
+        except OSError as e:
+            raise ConfigError(f"config file {path}: {e}") from e
+    elif Path(DEFAULT_PATH).is_file():
+        cfg = from_toml(Path(DEFAULT_PATH).read_text(), path=DEFAULT_PATH)
+    return cfg.with_updates(overrides or {})
+
+
+def to_toml(cfg: Config, *, docs: bool = True) -> str:
+    """The effective configuration as TOML, each key with its doc and allowed values."""
+    lines: list[str] = []
+    for section, values in cfg.as_dict().items():
+        lines.append(f"[{section}]")
+        for k, v in values.items():
+            spec = SPECS.get(f"{section}.{k}")
+            if spec is None:
+                continue
+            if docs:
+                lines.append(f"# {spec.doc} ({spec.allowed()})")
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

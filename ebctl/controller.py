@@ -1,0 +1,272 @@
+"""Algorithm 1 (appendix D.7) with the EB+ mode rule (Eq. 8): iteration reports in, a ``Policy`` out.
+
+Pure: the caller passes every report and the current time; nothing here reads a clock, a file or the
+environment. ``update`` never raises and never publishes a NaN: whatever fails keeps the last good value
+and says so in ``Policy.reason``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from ebctl import model
+from ebctl.estimate import (
+    CostFit,
+    DecodeCostFit,
+    Ema,
+    HazardFit,
+    LengthWindow,
+    MixedCostFit,
+    PrefillCostFit,
+    fit_hazard,
+)
+from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
+
+ThetaMethod = Literal["paper", "cfr", "exact-fluid"]
+OperatorMode = Literal["eb", "eb+", "mb", "off"]
+
+# Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
+DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerParams:
+    """Everything the controller is told (config.py builds this from file and flags)."""
+
+    mode: OperatorMode = "eb"  # eb: EB(k̂*, N̂*); eb+: Eq. 8 picks eb or mb; mb; off: stock engine
+    cold_mode: Literal["off", "eb", "mb"] = "off"  # before W_min completions: stock engine by default
+    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric fluid optimum
+    window: int = 500  # W
+    update_every: int = 100  # T_upd completions between updates
+    min_window: int = 30  # W_min
+    theta_default: float = 0.70
+    theta_min: float = 0.01
+    theta_max: float = 0.80
+    eps: float = 0.01  # allowed OOM probability (Eq. 6)
+    n_bound: Literal["probabilistic", "expected", "static"] = "probabilistic"
+    n_max_limit: int = 256  # the engine's own max running requests: N̂* never exceeds it
+    n_floor_frac: float = 0.1  # N̂* ≥ this share of n_max_limit
+    n_min_interval_s: float = 2.0  # N changes at most this often
+    kv_capacity_tokens: int = 0  # C; 0: take kv_total from the engine's reports
+    discrete_correction: bool = False  # p0 → −ln(1−p0) (appendix B.3, source 4)
+    min_eta_t: float = 2.0  # Eq. 5 only when η̂ is this many standard errors above 0 (else CFR θ0)
+    delta: float = 0.0  # Eq. 8 bias, s/token: > 0 favours MB (latency), < 0 favours EB (throughput)
+    mode_hysteresis: float = 0.10  # switch only when Eq. 8 clears its bound by this share of β_EB^w:
+    # at W = 500 the sampling noise of (lhs − rhs) wanders by about ±10% of β_EB^w
+    mode_cooldown: int = 3  # updates between two mode switches
+    n_obs_alpha: float = 0.05  # EMA weight of the running batch size (N_obs)
+    kv_s: float = 0.5  # Eq. 23 s_KV
+    kv_f0: float = 0.0  # Eq. 23 f0
+    max_defer_s: float = 5.0  # anti-starvation bound handed to the gate
+    ttl_s: float = 10.0  # policy lifetime at the engine
+    cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once good
+    min_cost_r2: float = 0.8
+    cost_window: int = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class CostFits:
+    prefill: CostFit | None = None
+    decode: CostFit | None = None
+    mixed: CostFit | None = None
+
+
+class Controller:
+    """One engine's controller. ``observe`` each report; ``update(now)`` returns the current Policy."""
+
+    def __init__(self, params: ControllerParams, costs: model.Costs | None = None, *, engine_id: str = "",
+                 cost_source: str = "") -> None:
+        self.engine_id = engine_id
+        self.params = params
+        self.base_costs = costs or DEFAULT_COSTS
+        self.base_cost_source = cost_source or ("profile" if costs else "default")
+        self.window = LengthWindow(params.window)
+        self.n_obs = Ema(params.n_obs_alpha)
+        self.prefill_fit = PrefillCostFit(capacity=params.cost_window)
+        self.decode_fit = DecodeCostFit(capacity=params.cost_window)
+        self.mixed_fit = MixedCostFit(capacity=params.cost_window)
+        self.kv_total = 0
+        self.mixed_unavailable = False
+        self.reports = 0
+        self.completions = 0
+        self.since_update = 0
+        self.updates = 0
+        self.errors = 0
+        self.last_error = ""
+        self.fits = CostFits()
+        self.hazard: HazardFit | None = None
+        self.theta_star = params.theta_default
+        n0 = params.n_max_limit
+        self.n_star = n0
+        self.n_changed_at = -math.inf
+        self.eb_mode = params.mode != "mb"  # EB+ state
+        self.updates_since_switch = params.mode_cooldown
+        self.policy = Policy(engine_id=engine_id, version=0, ttl_s=params.ttl_s,
+                             mode=Mode(params.cold_mode), k=max(1, math.floor(params.theta_default * n0)),
+                             n_max=n0, max_defer_s=params.max_defer_s, reason="cold start: waiting for data")
+
+    # --- input --------------------------------------------------------------------------------------
+    def observe(self, r: IterationReport) -> None:
+        """Ingest one iteration: its finished requests, its running batch, and its cost sample."""
+        self.reports += 1
+        for f in r.finished:
+            if self.window.append(f.input_len, f.output_len):
+                self.completions += 1
+                self.since_update += 1
+        if r.running > 0:
+            self.n_obs.update(float(r.running))
+        if r.kv_total > 0:
+            self.kv_total = r.kv_total
+        self.mixed_unavailable = r.mixed_unavailable
+        if r.kind is BatchKind.PREFILL and r.decode_reqs == 0:
+            self.prefill_fit.add(r.prefill_tokens, r.forward_s)
+        elif r.kind is BatchKind.DECODE:
+            self.decode_fit.add(r.decode_reqs, r.forward_s)
+        elif r.kind is BatchKind.MIXED:
+            self.mixed_fit.add(r.prefill_tokens, r.decode_reqs, r.forward_s)
+
+    def set_params(self, params: ControllerParams) -> None:
+        """Live reconfiguration (tune / reload); keeps the data, refits at the next update."""
+        if params.window != self.params.window:
+            self.window.resize(params.window)
+        if params.n_obs_alpha != self.params.n_obs_alpha:
+            self.n_obs = Ema(params.n_obs_alpha)
+        self.params = params
+        self.since_update = max(self.since_update, params.update_every)  # recompute at the next update
+
+    # --- output -------------------------------------------------------------------------------------
+    def update(self, now: float) -> Policy:
+        """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6)."""
+        p = self.params
+        if self.since_update < p.update_every or len(self.window) < p.min_window:
+            return self.policy
+        self.since_update = 0
+        try:
+            self.policy = self._recompute(now)
+            self.updates += 1
+        except Exception as e:  # a bug must not take the daemon down or publish garbage: keep the last policy
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+        return self.policy
+
+    def costs(self) -> tuple[model.Costs, str]:
+        """Profile/default costs, each phase replaced by its online fit once that fit is good."""
+        c, online = self.base_costs, []
+        if not self.params.cost_online:
+            return c, self.base_cost_source
+        f = self.fits
+        if _good(f.prefill, self.params.min_cost_r2):
+            c = dataclasses.replace(c, alpha_p=f.prefill.coef[0], beta_p=f.prefill.coef[1])
+            online.append("prefill")
+        if _good(f.decode, self.params.min_cost_r2) and f.decode.coef[0] > 0:
+            c = dataclasses.replace(c, alpha_d=f.decode.coef[0], beta_d=f.decode.coef[1])
+            online.append("decode")
+        if _good(f.mixed, self.params.min_cost_r2):
+            a, c0, c1, c2 = f.mixed.coef
+            c = dataclasses.replace(c, alpha_mb=max(a, 0.0), c0=c0, c1=c1, c2=c2)
+            online.append("mixed")
+        return c, self.base_cost_source + (f"+online({','.join(online)})" if online else "")
+
+    def _recompute(self, now: float) -> Policy:
+        p = self.params
+        self.fits = CostFits(self.prefill_fit.fit(), self.decode_fit.fit(), self.mixed_fit.fit())
+        costs, cost_source = self.costs()
+        hz = fit_hazard(self.window.outputs(), discrete_correction=p.discrete_correction)
+        self.hazard = hz
+        mu_l = float(self.window.inputs().mean())
+        mu_o = hz.mu_o
+        p0 = hz.p0 if hz.p0 > 0 else 1.0 / max(mu_o, 1.0)
+        p0 = min(p0, 1.0)
+        reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
+
+        theta0 = model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else p.theta_min
+        d_theta = 0.0
+        if p.theta_method == "paper" and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
+            d_theta = model.delta_theta(theta0, p0, hz.eta, costs.alpha_d, costs.beta_d, self.n_star)
+        elif p.theta_method == "paper" and hz.eta <= 0:
+            reasons.append("hazard not increasing: CFR threshold")
+        elif p.theta_method == "paper":
+            reasons.append(f"IFR not significant (eta/se={hz.eta / hz.eta_se:.1f}): CFR threshold")
+        if p.theta_method == "exact-fluid":
+            raw = model.theta_exact_fluid(p0, hz.eta if hz.ok else 0.0, costs.alpha_p, costs.beta_p,
+                                          costs.alpha_d, costs.beta_d, mu_l, self.n_star)
+        else:
+            raw = theta0 + d_theta
+        theta_star = min(max(raw, p.theta_min), p.theta_max)
+        if not math.isfinite(theta_star):
+            raise ValueError(f"theta* not finite (theta0={theta0}, dtheta={d_theta})")
+        self.theta_star = theta_star
+
+        n_star = self._batch_size(now, theta_star, p0, mu_l, reasons)
+        k = max(1, math.floor(theta_star * n_star))
+        mode, lhs, rhs = self._mode(costs, theta0, mu_l, mu_o, n_star, reasons)
+        kv_total = p.kv_capacity_tokens or self.kv_total
+        kv_reserve = model.kv_reserve_fraction(n=n_star, mu_o=mu_o, block_size=1, total_blocks=kv_total,
+                                               s_kv=p.kv_s, f0=p.kv_f0) if kv_total > 0 else 0.0
+        est = Estimates(p0=p0, eta=hz.eta, fit_r2=hz.r2, mu_l=mu_l, mu_o=mu_o, n_window=len(self.window),
+                        theta0=theta0, delta_theta=d_theta, theta_star=theta_star, n_star=n_star,
+                        n_obs=self.n_obs.value, eb_lhs=lhs, eb_rhs=rhs, alpha_p=costs.alpha_p,
+                        beta_p=costs.beta_p, alpha_d=costs.alpha_d, beta_d=costs.beta_d, cost_source=cost_source)
+        return Policy(engine_id=self.engine_id, version=self.policy.version + 1, issued_at=now, ttl_s=p.ttl_s,
+                      mode=mode, k=min(k, n_star), n_max=n_star, kv_reserve_frac=kv_reserve,
+                      max_defer_s=p.max_defer_s, reason="; ".join(reasons) or "ok", estimates=est)
+
+    def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
+        """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
+        p = self.params
+        floor = max(1, math.ceil(p.n_floor_frac * p.n_max_limit))
+        cap = p.kv_capacity_tokens or self.kv_total
+        if cap <= 0:
+            reasons.append("KV capacity unknown: N = engine limit")
+            target = p.n_max_limit
+        else:
+            target = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
+            if target < floor:
+                reasons.append(f"N*={target} below floor {floor}")
+        target = min(max(target, floor), p.n_max_limit)
+        if target != self.n_star and now - self.n_changed_at >= p.n_min_interval_s:
+            self.n_star, self.n_changed_at = target, now
+        return self.n_star
+
+    def _mode(self, costs: model.Costs, theta0: float, mu_l: float, mu_o: float, n: int,
+              reasons: list[str]) -> tuple[Mode, float, float]:
+        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown."""
+        p = self.params
+        if p.mode != "eb+":
+            return Mode(p.mode), math.nan, math.nan
+        n_obs = self.n_obs.value if math.isfinite(self.n_obs.value) and self.n_obs.value >= 1 else float(n)
+        if not costs.has_mixed:
+            reasons.append("mixed cost unknown: eb")
+            return Mode.EB, math.nan, math.nan
+        r = mu_o / (mu_l + mu_o)
+        lhs, rhs = model.eb_criterion(theta=theta0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
+                                      alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
+                                      beta_mb=model.beta_mb_e(r, costs.c0, costs.c1, costs.c2),
+                                      mu_l=mu_l, mu_o=mu_o)
+        rhs += p.delta
+        band = p.mode_hysteresis * model.beta_eb_w(beta_p=costs.beta_p, beta_d=costs.beta_d, mu_l=mu_l, mu_o=mu_o)
+        self.updates_since_switch += 1
+        want_eb = lhs > rhs + band if not self.eb_mode else lhs > rhs - band
+        if want_eb != self.eb_mode and self.updates_since_switch > p.mode_cooldown:
+            self.eb_mode, self.updates_since_switch = want_eb, 0
+        if self.mixed_unavailable and not self.eb_mode:
+            reasons.append("mb unavailable on this engine: eb")
+            return Mode.EB, lhs, rhs
+        return (Mode.EB if self.eb_mode else Mode.MB), lhs, rhs
+
+    def status(self) -> dict:
+        """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest)."""
+        def fit(f: CostFit | None) -> dict | None:
+            return None if f is None else {"coef": list(f.coef), "r2": f.r2, "n": f.n, "ok": f.ok}
+        return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
+                "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
+                "n_obs": self.n_obs.value, "kv_total": self.kv_total, "mixed_unavailable": self.mixed_unavailable,
+                "cost_fits": {"prefill": fit(self.fits.prefill), "decode": fit(self.fits.decode),
+                              "mixed": fit(self.fits.mixed)}}
+
+
+def _good(f: CostFit | None, min_r2: float) -> bool:
+    return f is not None and f.ok and f.r2 >= min_r2 and all(math.isfinite(c) for c in f.coef)

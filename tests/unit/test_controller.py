@@ -1,0 +1,237 @@
+"""Controller (Algorithm 1 + Eq. 8): cold start, convergence, shifts, clipping, N cooldown, hysteresis,
+garbage. Every expected number is computed independently of the controller (model functions on the
+true parameters, or plain arithmetic)."""
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ebctl import model
+from ebctl.controller import DEFAULT_COSTS, Controller, ControllerParams
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
+
+C = DEFAULT_COSTS
+
+
+def report(finished=(), *, running=64, kind=BatchKind.DECODE, decode_reqs=64, forward_s=0.0, kv_total=400_000,
+           prefill_tokens=0, seq=0):
+    return IterationReport(engine_id="e0", seq=seq, wall_time=0.0, forward_s=forward_s, kind=kind,
+                           prefill_tokens=prefill_tokens, decode_reqs=decode_reqs, running=running,
+                           kv_total=kv_total, finished=tuple(finished))
+
+
+def feed(ctl, outputs, inputs, *, now=0.0, dt=0.01, per_report=10, running=64):
+    """Stream completions through reports, calling update after each; returns (policy, now)."""
+    pol = ctl.update(now)
+    for i in range(0, len(outputs), per_report):
+        fin = [FinishedRequest(int(a), int(b)) for a, b in zip(inputs[i:i + per_report], outputs[i:i + per_report],
+                                                               strict=True)]
+        ctl.observe(report(fin, running=running))
+        now += dt
+        pol = ctl.update(now)
+    return pol, now
+
+
+def geometric(rng, p, n):
+    return rng.geometric(p, size=n)
+
+
+def test_cold_start_is_stock_until_min_window():
+    ctl = Controller(ControllerParams(min_window=30, update_every=10, n_max_limit=128))
+    pol = ctl.update(0.0)
+    assert (pol.mode, pol.version, pol.n_max) == (Mode.OFF, 0, 128)
+    assert "cold start" in pol.reason
+    pol, _ = feed(ctl, [10] * 20, [100] * 20)
+    assert pol.version == 0  # 20 < W_min
+    pol, _ = feed(ctl, [10] * 20, [100] * 20)
+    assert pol.version >= 1 and pol.mode is Mode.EB
+
+
+def test_converges_to_theta0_and_eq6_on_a_geometric_stream():
+    rng = np.random.default_rng(1)
+    p_true, mu_l, cap = 0.01, 300, 400_000
+    prm = ControllerParams(theta_method="cfr", window=2000, update_every=100, n_max_limit=4096, n_min_interval_s=0)
+    ctl = Controller(prm)
+    pol, _ = feed(ctl, geometric(rng, p_true, 6000), np.full(6000, mu_l))
+    want_theta = model.theta0(p_true * C.alpha_p / C.alpha_d)
+    est = pol.estimates
+    assert est.p0 == pytest.approx(p_true, rel=0.1)
+    assert est.theta_star == pytest.approx(want_theta, rel=0.1)
+    want_n = model.n_star(cap, 0.01, est.theta_star, est.p0, mu_l)
+    assert pol.n_max == want_n
+    assert pol.k == max(1, math.floor(est.theta_star * want_n))
+    assert est.n_star == pol.n_max
+
+
+def test_paper_method_adds_delta_theta_for_ifr():
+    """Discretised h(t) = p0 + η t: θ* = θ0 + Δθ (Eq. 5 at the previous N̂*) > θ0."""
+    rng = np.random.default_rng(2)
+    p0, eta = 0.004, 4e-6
+    t = np.arange(1, 5000)
+    h = np.minimum(p0 + eta * t, 1.0)
+    surv = np.concatenate([[1.0], np.cumprod(1 - h)])
+    u = rng.random(4000)
+    outs = np.searchsorted(-surv, -u)  # smallest t with S(t) < u
+    prm = ControllerParams(window=4000, update_every=200, theta_max=0.95, n_min_interval_s=0, n_max_limit=256)
+    ctl = Controller(prm)
+    pol, _ = feed(ctl, outs, np.full(len(outs), 200), running=200)
+    est = pol.estimates
+    assert est.eta > 0 and est.delta_theta > 0
+    want = est.theta0 + model.delta_theta(est.theta0, est.p0, est.eta, C.alpha_d, C.beta_d, pol.n_max)
+    assert est.theta_star == pytest.approx(min(want, 0.95), rel=1e-9)
+
+
+def test_reconverges_after_a_distribution_shift():
+    rng = np.random.default_rng(3)
+    prm = ControllerParams(theta_method="cfr", window=500, update_every=100, n_min_interval_s=0)
+    ctl = Controller(prm)
+    pol, now = feed(ctl, geometric(rng, 0.005, 3000), np.full(3000, 1000))
+    first = pol.estimates
+    pol, _ = feed(ctl, geometric(rng, 0.05, 1500), np.full(1500, 100), now=now)
+    second = pol.estimates
+    assert first.p0 == pytest.approx(0.005, rel=0.2)
+    assert second.p0 == pytest.approx(0.05, rel=0.2)
+    assert second.mu_l == pytest.approx(100)
+    assert second.theta_star > first.theta_star  # θ0 increases with p0
+
+
+def test_clipping_to_theta_range():
+    prm = ControllerParams(theta_method="cfr", theta_max=0.3, update_every=50, n_min_interval_s=0)
+    ctl = Controller(prm, model.Costs(alpha_p=1.0, beta_p=1e-5, alpha_d=1e-3, beta_d=1e-5))  # γ huge
+    pol, _ = feed(ctl, [3] * 200, [10] * 200)
+    assert pol.estimates.theta0 > 0.9
+    assert pol.estimates.theta_star == 0.3
+    prm = ControllerParams(theta_method="cfr", theta_min=0.2, update_every=50)
+    ctl = Controller(prm, model.Costs(alpha_p=1e-6, beta_p=1e-5, alpha_d=1.0, beta_d=1e-5))  # γ tiny
+    pol, _ = feed(ctl, [300] * 200, [10] * 200)
+    assert pol.estimates.theta_star == 0.2
+
+
+def test_n_floor_and_change_interval():
+    rng = np.random.default_rng(4)
+    prm = ControllerParams(update_every=50, n_max_limit=1000, n_floor_frac=0.1, n_min_interval_s=2.0,
+                           kv_capacity_tokens=50_000)
+    ctl = Controller(prm)
+    # long inputs and a small cache: Eq. 6 wants fewer than the floor of 100
+    pol, now = feed(ctl, geometric(rng, 0.01, 500), np.full(500, 4000), dt=0.001)
+    assert pol.n_max == 100 and "below floor" in pol.reason
+    # short inputs: Eq. 6 wants more, but not before 2 s have passed since the last change
+    changes, last_n, t_last = [], pol.n_max, now
+    for _ in range(40):
+        pol, now = feed(ctl, geometric(rng, 0.01, 100), np.full(100, 50), now=now, dt=0.01)
+        if pol.n_max != last_n:
+            changes.append(now - t_last)
+            last_n, t_last = pol.n_max, now
+    assert changes, "N never moved to the new target"
+    assert all(gap >= 2.0 - 1e-9 for gap in changes)
+    assert pol.n_max <= 1000
+
+
+def _crossover_costs(mu_l, mu_o, n):
+    """Costs for which Eq. 8 sits exactly at the crossover for this workload: β_MB^e chosen so lhs = rhs."""
+    c = DEFAULT_COSTS
+    th0 = model.theta0((1 / mu_o) * c.alpha_p / c.alpha_d)
+    _, rhs = model.eb_criterion(theta=th0, n=n, alpha_p=c.alpha_p, beta_p=c.beta_p, alpha_d=c.alpha_d,
+                                beta_d=c.beta_d, alpha_mb=0.0, beta_mb=0.0, mu_l=mu_l, mu_o=mu_o)
+    beta_eb = model.beta_eb_w(beta_p=c.beta_p, beta_d=c.beta_d, mu_l=mu_l, mu_o=mu_o)
+    return dataclasses.replace(c, alpha_mb=0.0, c0=beta_eb + rhs, c1=0.0, c2=0.0)
+
+
+def test_hysteresis_no_flapping_at_the_crossover():
+    rng = np.random.default_rng(5)
+    mu_l, mu_o, n = 500, 200, 64
+    costs = _crossover_costs(mu_l, mu_o, n)
+    prm = ControllerParams(mode="eb+", update_every=50, window=500, mode_hysteresis=0.10, mode_cooldown=3)
+    ctl = Controller(prm, costs)
+    modes = []
+    now = 0.0
+    for _ in range(60):  # 60 updates of noisy estimates around the crossover
+        pol, now = feed(ctl, geometric(rng, 1 / mu_o, 50), np.full(50, mu_l), now=now, running=n)
+        modes.append(pol.mode)
+    flips = sum(a != b for a, b in itertools.pairwise(modes))
+    assert flips <= 1, modes
+    # without hysteresis and cooldown the same stream does flap: the test can tell the difference
+    ctl = Controller(ControllerParams(mode="eb+", update_every=50, window=500, mode_hysteresis=0.0,
+                                      mode_cooldown=0), costs)
+    rng = np.random.default_rng(5)
+    modes = []
+    for _ in range(60):
+        pol, now = feed(ctl, geometric(rng, 1 / mu_o, 50), np.full(50, mu_l), now=now, running=n)
+        modes.append(pol.mode)
+    assert sum(a != b for a, b in itertools.pairwise(modes)) > 2
+
+
+def test_eb_plus_picks_mb_at_low_and_eb_at_high_concurrency():
+    """Eq. 8's right side falls as 1/N_obs: a workload at the crossover for N = 64 prefers MB at N = 4
+    and EB at N = 1024."""
+    rng = np.random.default_rng(6)
+    costs = _crossover_costs(500, 200, 64)
+    for running, want in ((4, Mode.MB), (1024, Mode.EB)):
+        ctl = Controller(ControllerParams(mode="eb+", update_every=100, n_max_limit=2048), costs)
+        pol, _ = feed(ctl, geometric(rng, 1 / 200, 2000), np.full(2000, 500), running=running)
+        assert pol.mode is want, (running, pol.estimates.eb_lhs, pol.estimates.eb_rhs)
+
+
+def test_eb_plus_without_mixed_costs_stays_eb_and_says_why():
+    ctl = Controller(ControllerParams(mode="eb+", update_every=50))
+    pol, _ = feed(ctl, [100] * 100, [100] * 100)
+    assert pol.mode is Mode.EB and "mixed cost unknown" in pol.reason
+
+
+def test_falling_hazard_uses_cfr_threshold():
+    rng = np.random.default_rng(7)
+    outs = np.where(rng.random(3000) < 0.5, rng.geometric(0.2, 3000), rng.geometric(0.005, 3000))  # DFR
+    ctl = Controller(ControllerParams(update_every=100, window=3000))
+    pol, _ = feed(ctl, outs, np.full(3000, 100))
+    est = pol.estimates
+    assert est.eta < 0 and est.delta_theta == 0.0
+    assert est.theta_star == pytest.approx(max(est.theta0, 0.01))
+    assert "not increasing" in pol.reason
+
+
+def test_costs_fitted_online_replace_the_defaults():
+    rng = np.random.default_rng(8)
+    ctl = Controller(ControllerParams(update_every=10, min_window=5))
+    a_d, b_d, a_p, b_p = 0.02, 2e-4, 0.003, 1e-4
+    for _ in range(300):
+        n = int(rng.integers(1, 256))
+        ctl.observe(report(running=n, decode_reqs=n, forward_s=a_d + b_d * n + rng.normal(0, 1e-4)))
+        tok = int(rng.integers(16, 4096))
+        ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok,
+                           forward_s=a_p + b_p * tok + rng.normal(0, 1e-4)))
+    pol, _ = feed(ctl, [50] * 20, [50] * 20)
+    costs, source = ctl.costs()
+    assert costs.alpha_d == pytest.approx(a_d, rel=0.05) and costs.beta_d == pytest.approx(b_d, rel=0.05)
+    assert costs.alpha_p == pytest.approx(a_p, rel=0.1) and costs.beta_p == pytest.approx(b_p, rel=0.05)
+    assert "online" in source and pol.estimates.alpha_d == pytest.approx(a_d, rel=0.05)
+
+
+def test_exact_fluid_method_matches_model():
+    rng = np.random.default_rng(9)
+    ctl = Controller(ControllerParams(theta_method="exact-fluid", theta_max=0.99, update_every=100,
+                                      window=2000))
+    pol, _ = feed(ctl, geometric(rng, 0.02, 2000), np.full(2000, 300))
+    est = pol.estimates
+    want = model.theta_exact_fluid(est.p0, est.eta, C.alpha_p, C.beta_p, C.alpha_d, C.beta_d, est.mu_l,
+                                   ControllerParams().n_max_limit)
+    assert est.theta_star == pytest.approx(min(max(want, 0.01), 0.99), rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10**9, 10**9), st.integers(-10**9, 10**9)), min_size=1, max_size=300),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=20))
+def test_garbage_never_raises_or_publishes_nan(lengths, times):
+    ctl = Controller(ControllerParams(update_every=5, min_window=1, n_min_interval_s=0))
+    fin = [FinishedRequest(a, b) for a, b in lengths]
+    for i, t in enumerate(times):
+        ctl.observe(report(fin[i::len(times)], forward_s=t, running=abs(hash(t)) % 300))
+        pol = ctl.update(float(i))
+        for x in (pol.k, pol.n_max, pol.kv_reserve_frac, pol.max_defer_s, pol.ttl_s):
+            assert math.isfinite(x)
+        assert 1 <= pol.k <= pol.n_max
+    assert ctl.errors == 0, ctl.last_error
