@@ -102,7 +102,7 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "theta_max": Spec(float, "upper clip of θ*", 1e-4, 0.999),
     "eps": Spec(float, "allowed OOM probability ε of Eq. 6", 1e-12, 0.5),
     "n_bound": Spec(str, "batch-size bound of appendix D.5", choices=("probabilistic", "expected", "static")),
-    "n_max_limit": Spec(int, "the engine's max running requests; N* never exceeds it", 1, 1_000_000),
+    "n_max_limit": Spec(int, "cap on N*; 0: the engine's own max running requests as reported", 0, 1_000_000),
     "n_floor_frac": Spec(float, "N* never below this share of n_max_limit", 0.0, 1.0),
     "n_min_interval_s": Spec(float, "minimum time between two changes of N (s)", 0.0, 3600),
     "kv_capacity_tokens": Spec(int, "KV capacity C in tokens; 0: as the engine reports", 0, 10**12),

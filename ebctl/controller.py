@@ -47,7 +47,7 @@ class ControllerParams:
     theta_max: float = 0.80
     eps: float = 0.01  # allowed OOM probability (Eq. 6)
     n_bound: Literal["probabilistic", "expected", "static"] = "probabilistic"
-    n_max_limit: int = 256  # the engine's own max running requests: N̂* never exceeds it
+    n_max_limit: int = 0  # cap on N̂*; 0: the engine's own max running requests (reported), else 256
     n_floor_frac: float = 0.1  # N̂* ≥ this share of n_max_limit
     n_min_interval_s: float = 2.0  # N changes at most this often
     kv_capacity_tokens: int = 0  # C; 0: take kv_total from the engine's reports
@@ -89,6 +89,7 @@ class Controller:
         self.decode_fit = DecodeCostFit(capacity=params.cost_window)
         self.mixed_fit = MixedCostFit(capacity=params.cost_window)
         self.kv_total = 0
+        self.engine_limit = 0
         self.mixed_unavailable = False
         self.reports = 0
         self.completions = 0
@@ -99,7 +100,7 @@ class Controller:
         self.fits = CostFits()
         self.hazard: HazardFit | None = None
         self.theta_star = params.theta_default
-        n0 = params.n_max_limit
+        n0 = self.n_limit
         self.n_star = n0
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
@@ -120,6 +121,8 @@ class Controller:
             self.n_obs.update(float(r.running))
         if r.kv_total > 0:
             self.kv_total = r.kv_total
+        if r.max_running > 0:
+            self.engine_limit = r.max_running
         self.mixed_unavailable = r.mixed_unavailable
         if r.kind is BatchKind.PREFILL and r.decode_reqs == 0:
             self.prefill_fit.add(r.prefill_tokens, r.forward_s)
@@ -127,6 +130,11 @@ class Controller:
             self.decode_fit.add(r.decode_reqs, r.forward_s)
         elif r.kind is BatchKind.MIXED:
             self.mixed_fit.add(r.prefill_tokens, r.decode_reqs, r.forward_s)
+
+    @property
+    def n_limit(self) -> int:
+        """The cap on N̂*: configured, else what the engine reports, else 256."""
+        return self.params.n_max_limit or self.engine_limit or 256
 
     def set_params(self, params: ControllerParams) -> None:
         """Live reconfiguration (tune / reload); keeps the data, refits at the next update."""
@@ -217,16 +225,17 @@ class Controller:
     def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
         """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
         p = self.params
-        floor = max(1, math.ceil(p.n_floor_frac * p.n_max_limit))
+        limit = self.n_limit
+        floor = max(1, math.ceil(p.n_floor_frac * limit))
         cap = p.kv_capacity_tokens or self.kv_total
         if cap <= 0:
             reasons.append("KV capacity unknown: N = engine limit")
-            target = p.n_max_limit
+            target = limit
         else:
             target = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
             if target < floor:
                 reasons.append(f"N*={target} below floor {floor}")
-        target = min(max(target, floor), p.n_max_limit)
+        target = min(max(target, floor), limit)
         if target != self.n_star and now - self.n_changed_at >= p.n_min_interval_s:
             self.n_star, self.n_changed_at = target, now
         return self.n_star
@@ -263,7 +272,8 @@ class Controller:
             return None if f is None else {"coef": list(f.coef), "r2": f.r2, "n": f.n, "ok": f.ok}
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
-                "n_obs": self.n_obs.value, "kv_total": self.kv_total, "mixed_unavailable": self.mixed_unavailable,
+                "n_obs": self.n_obs.value, "kv_total": self.kv_total, "n_limit": self.n_limit,
+                "mixed_unavailable": self.mixed_unavailable,
                 "cost_fits": {"prefill": fit(self.fits.prefill), "decode": fit(self.fits.decode),
                               "mixed": fit(self.fits.mixed)}}
 

@@ -61,6 +61,7 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True):
     waiting: int = 0
     kv_used: int = 0
     kv_total: int = 0
+    max_running: int = 0  # the engine's own cap on running requests (0: unknown)
     policy_version: int = -1  # -1: no policy applied (stock behaviour)
     mixed_unavailable: bool = False  # the engine cannot mix (no chunked prefill): mb falls back to eb
     finished: tuple[FinishedRequest, ...] = ()
@@ -145,7 +146,7 @@ def _finite_nonneg(name: str, x: float) -> None:
 
 def _validate_report(r: IterationReport) -> None:
     for name in ("seq", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_ctx_tokens",
-                 "running", "waiting", "kv_used", "kv_total"):
+                 "running", "waiting", "kv_used", "kv_total", "max_running"):
         if getattr(r, name) < 0:
             raise ProtocolError(f"{name}={getattr(r, name)}: must be >= 0")
     _finite_nonneg("forward_s", r.forward_s)

@@ -19,10 +19,10 @@ C = DEFAULT_COSTS
 
 
 def report(finished=(), *, running=64, kind=BatchKind.DECODE, decode_reqs=64, forward_s=0.0, kv_total=400_000,
-           prefill_tokens=0, seq=0):
+           prefill_tokens=0, seq=0, max_running=0):
     return IterationReport(engine_id="e0", seq=seq, wall_time=0.0, forward_s=forward_s, kind=kind,
                            prefill_tokens=prefill_tokens, decode_reqs=decode_reqs, running=running,
-                           kv_total=kv_total, finished=tuple(finished))
+                           kv_total=kv_total, max_running=max_running, finished=tuple(finished))
 
 
 def feed(ctl, outputs, inputs, *, now=0.0, dt=0.01, per_report=10, running=64):
@@ -218,7 +218,7 @@ def test_exact_fluid_method_matches_model():
     pol, _ = feed(ctl, geometric(rng, 0.02, 2000), np.full(2000, 300))
     est = pol.estimates
     want = model.theta_exact_fluid(est.p0, est.eta, C.alpha_p, C.beta_p, C.alpha_d, C.beta_d, est.mu_l,
-                                   ControllerParams().n_max_limit)
+                                   ctl.n_limit)
     assert est.theta_star == pytest.approx(min(max(want, 0.01), 0.99), rel=1e-6)
 
 
@@ -235,3 +235,14 @@ def test_garbage_never_raises_or_publishes_nan(lengths, times):
             assert math.isfinite(x)
         assert 1 <= pol.k <= pol.n_max
     assert ctl.errors == 0, ctl.last_error
+
+
+def test_engine_reported_limit_caps_n_unless_configured():
+    ctl = Controller(ControllerParams(update_every=10, min_window=5, kv_capacity_tokens=10**9))
+    ctl.observe(report(max_running=48))
+    pol, _ = feed(ctl, [100] * 20, [10] * 20)
+    assert pol.n_max == 48 and ctl.n_limit == 48
+    ctl = Controller(ControllerParams(update_every=10, min_window=5, kv_capacity_tokens=10**9, n_max_limit=32))
+    ctl.observe(report(max_running=48))
+    pol, _ = feed(ctl, [100] * 20, [10] * 20)
+    assert pol.n_max == 32

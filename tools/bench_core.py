@@ -1,0 +1,78 @@
+"""Benchmark of the pure core: one controller update (fit + solve) at W = 500 and 2,000, one gate decision.
+
+Budgets (DESIGN.md): update <= 2 ms at W = 2,000; gate a few µs. Run: python tools/bench_core.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from ebctl.controller import Controller, ControllerParams
+from ebctl.gate import PhaseGate
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode, Policy
+
+
+def _filled(method: str, window: int, mode: str, seed: int = 0) -> Controller:
+    rng = np.random.default_rng(seed)
+    ctl = Controller(ControllerParams(window=window, update_every=10**9, theta_method=method, mode=mode,
+                                      n_min_interval_s=0.0))
+    outs, ins = rng.geometric(1 / 300, window), rng.integers(50, 4000, window)
+    for i in range(0, window, 16):
+        fin = tuple(FinishedRequest(int(a), int(b)) for a, b in zip(ins[i:i + 16], outs[i:i + 16], strict=True))
+        n = int(rng.integers(32, 512))
+        ctl.observe(IterationReport(engine_id="b", seq=i, wall_time=0.0, forward_s=0.009 + 4.6e-5 * n,
+                                    kind=BatchKind.DECODE, decode_reqs=n, running=n, kv_total=500_000,
+                                    finished=fin))
+        tok = int(rng.integers(256, 8192))
+        ctl.observe(IterationReport(engine_id="b", seq=i, wall_time=0.0, forward_s=0.0013 + 2.5e-5 * tok,
+                                    kind=BatchKind.PREFILL, prefill_reqs=1, prefill_tokens=tok, kv_total=500_000))
+    return ctl
+
+
+def bench_update(method: str, window: int, mode: str = "eb", reps: int = 200) -> tuple[float, float]:
+    ctl = _filled(method, window, mode)
+    times = []
+    for r in range(reps):
+        ctl.since_update = ctl.params.update_every  # force a full recompute (fit + solve) each time
+        t = time.perf_counter()
+        ctl.update(float(r))
+        times.append(time.perf_counter() - t)
+    assert ctl.errors == 0, ctl.last_error
+    times.sort()
+    return statistics.median(times), times[int(0.99 * len(times)) - 1]
+
+
+def bench_gate(n: int = 200_000) -> tuple[float, float]:
+    gate, pol = PhaseGate(), Policy(mode=Mode.EB, k=32, n_max=256, kv_reserve_frac=0.1)
+    rng = np.random.default_rng(1)
+    running = rng.integers(0, 257, n).tolist()
+    samples = []
+    for chunk in range(0, n, 1000):
+        t = time.perf_counter()
+        for r in running[chunk:chunk + 1000]:
+            gate.decide(pol, running=r, waiting=10, kv_free_frac=0.5, oldest_wait_s=0.1)
+        samples.append((time.perf_counter() - t) / 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(0.99 * len(samples)) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=200)
+    a = ap.parse_args()
+    print("| what | p50 | p99 |\n|---|---|---|")
+    for method, window, mode in (("paper", 500, "eb"), ("paper", 2000, "eb"), ("paper", 2000, "eb+"),
+                                 ("cfr", 2000, "eb"), ("exact-fluid", 2000, "eb")):
+        p50, p99 = bench_update(method, window, mode, a.reps)
+        print(f"| controller update, W={window}, theta={method}, mode={mode} | {p50 * 1e3:.3f} ms "
+              f"| {p99 * 1e3:.3f} ms |")
+    p50, p99 = bench_gate()
+    print(f"| gate decision (PhaseGate.decide) | {p50 * 1e6:.2f} µs | {p99 * 1e6:.2f} µs |")
+
+
+if __name__ == "__main__":
+    main()
