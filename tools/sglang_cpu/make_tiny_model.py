@@ -83,8 +83,7 @@ def build_model(out: Path, *, dtype: str, seed: int) -> None:
         eos_token_id=2,
         tie_word_embeddings=False,
     )
-    config.torch_dtype = dtype  # older transformers name
-    config.dtype = dtype
+    config.dtype = dtype  # what sglang loads the weights as (transformers 5 name; was torch_dtype)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(out, safe_serialization=True)
@@ -100,6 +99,7 @@ def make_tiny_model(directory: str | os.PathLike, *, dtype: str = "bfloat16", se
     try:
         build_model(tmp, dtype=dtype, seed=seed)
         build_tokenizer(tmp)
+        tmp.chmod(0o755)  # mkdtemp made it 0700
         if out.exists() and not any(out.iterdir()):
             out.rmdir()
         try:

@@ -7,7 +7,7 @@
     python tools/sglang_cpu/server.py --venv VENV --model DIR [-- EXTRA SGLANG ARGS]   # serve until ^C
 
 The server runs in its own process group with SGLANG_USE_CPU_ENGINE=1 and this directory (the
-sgl_kernel stand-in) on PYTHONPATH; stopping it sends SIGTERM to the whole group, then SIGKILL.
+sgl_kernel stand-in) on PYTHONPATH; stopping it sends SIGTERM to the launcher, then SIGKILL to the group.
 Flags and why: /work/shared/sglang-cpu/README.md.
 """
 
@@ -70,10 +70,12 @@ def _get(url: str, timeout: float = 5.0) -> int:
 
 
 def post_json(url: str, payload: dict, timeout: float = 60.0) -> dict:
+    """POST JSON, return the decoded answer ({} for an empty body, e.g. /abort_request)."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+        body = r.read()
+    return json.loads(body) if body.strip() else {}
 
 
 def wait_ready(base_url: str, proc: subprocess.Popen, timeout: float = 120.0) -> float:
@@ -93,16 +95,20 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout: float = 120.0) ->
 
 
 def stop(proc: subprocess.Popen, grace: float = 15.0) -> int | None:
-    """SIGTERM the server's process group, wait up to `grace` s, then SIGKILL it. Return the exit code."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)  # the group: scheduler and detokenizer children too
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            # the leader is gone; children may linger a moment in the group
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            break
+    """Stop the server; return the launcher's exit code.
+
+    SIGTERM to the launcher alone: it drains and takes its scheduler/detokenizer children down itself
+    (SIGTERM to the whole group instead makes it see "scheduler crashed" and sleep 5 s in crash
+    diagnostics). After `grace` s, or once the launcher is gone, SIGKILL whatever is left in the group.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group: scheduler and detokenizer children too
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
     return proc.returncode
 
 

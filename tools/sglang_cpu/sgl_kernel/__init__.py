@@ -22,7 +22,7 @@ def assign_req_to_token_pool_cpu(
 ) -> None:
     """For each row i: req_to_token[req_pool_indices[i], start[i]:end[i]] = the next end-start slots."""
     pt = 0
-    for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+    for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True):
         n = end - start
         req_to_token[row, start:end] = out_cache_loc[pt : pt + n].to(req_to_token.dtype)
         pt += n
