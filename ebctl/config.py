@@ -119,6 +119,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "cost_online": Spec(bool, "fit α/β from iteration reports, replacing the profile once good"),
     "min_cost_r2": Spec(float, "R² an online cost fit needs before it is used", 0.0, 1.0),
     "cost_window": Spec(int, "iterations kept per cost fit", 20, 1_000_000),
+    "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
+    "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
 }
 
 SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},

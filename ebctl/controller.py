@@ -65,6 +65,8 @@ class ControllerParams:
     cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once good
     min_cost_r2: float = 0.8
     cost_window: int = 2000
+    k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
+    n_override: int = 0  # > 0: pin N (never above the engine's limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +107,21 @@ class Controller:
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
         self.updates_since_switch = params.mode_cooldown
-        self.policy = Policy(engine_id=engine_id, version=0, ttl_s=params.ttl_s,
-                             mode=Mode(params.cold_mode), k=max(1, math.floor(params.theta_default * n0)),
-                             n_max=n0, max_defer_s=params.max_defer_s, reason="cold start: waiting for data")
+        self.policy = self._cold_policy(version=0)
+
+    def _cold_policy(self, version: int) -> Policy:
+        """Before W_min completions: cold_mode with θ_default (or the overrides), no estimates."""
+        p = self.params
+        n, k = self._pinned(self.n_limit, math.floor(p.theta_default * self.n_limit))
+        return Policy(engine_id=self.engine_id, version=version, ttl_s=p.ttl_s, mode=Mode(p.cold_mode), k=k,
+                      n_max=n, max_defer_s=p.max_defer_s, reason="cold start: waiting for data")
+
+    def _pinned(self, n: int, k: int) -> tuple[int, int]:
+        """Apply the operator's overrides; 1 <= k <= n <= the engine's limit."""
+        p = self.params
+        n = min(p.n_override or n, self.n_limit)
+        k = p.k_override or k
+        return n, min(max(1, k), n)
 
     # --- input --------------------------------------------------------------------------------------
     def observe(self, r: IterationReport) -> None:
@@ -144,6 +158,8 @@ class Controller:
             self.n_obs = Ema(params.n_obs_alpha)
         self.params = params
         self.since_update = max(self.since_update, params.update_every)  # recompute at the next update
+        if self.updates == 0:  # still cold: the new settings (mode, overrides) apply at once
+            self.policy = self._cold_policy(version=self.policy.version + 1)
 
     # --- output -------------------------------------------------------------------------------------
     def update(self, now: float) -> Policy:
@@ -209,7 +225,9 @@ class Controller:
         self.theta_star = theta_star
 
         n_star = self._batch_size(now, theta_star, p0, mu_l, reasons)
-        k = max(1, math.floor(theta_star * n_star))
+        n_max, k = self._pinned(n_star, math.floor(theta_star * n_star))
+        if p.k_override or p.n_override:
+            reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
         mode, lhs, rhs = self._mode(costs, theta0, mu_l, mu_o, n_star, reasons)
         kv_total = p.kv_capacity_tokens or self.kv_total
         kv_reserve = model.kv_reserve_fraction(n=n_star, mu_o=mu_o, block_size=1, total_blocks=kv_total,
@@ -219,7 +237,7 @@ class Controller:
                         n_obs=self.n_obs.value, eb_lhs=lhs, eb_rhs=rhs, alpha_p=costs.alpha_p,
                         beta_p=costs.beta_p, alpha_d=costs.alpha_d, beta_d=costs.beta_d, cost_source=cost_source)
         return Policy(engine_id=self.engine_id, version=self.policy.version + 1, issued_at=now, ttl_s=p.ttl_s,
-                      mode=mode, k=min(k, n_star), n_max=n_star, kv_reserve_frac=kv_reserve,
+                      mode=mode, k=k, n_max=n_max, kv_reserve_frac=kv_reserve,
                       max_defer_s=p.max_defer_s, reason="; ".join(reasons) or "ok", estimates=est)
 
     def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:

@@ -246,3 +246,18 @@ def test_engine_reported_limit_caps_n_unless_configured():
     ctl.observe(report(max_running=48))
     pol, _ = feed(ctl, [100] * 20, [10] * 20)
     assert pol.n_max == 32
+
+
+def test_operator_overrides_pin_k_and_n_even_when_cold():
+    ctl = Controller(ControllerParams(cold_mode="off", update_every=10, min_window=5))
+    ctl.observe(report(max_running=16))
+    v0 = ctl.update(0.0).version
+    ctl.set_params(ControllerParams(cold_mode="eb", k_override=4, n_override=8, update_every=10, min_window=5))
+    pol = ctl.update(0.0)
+    assert (pol.mode, pol.k, pol.n_max) == (Mode.EB, 4, 8) and pol.version > v0
+    pol, _ = feed(ctl, [100] * 20, [10] * 20)  # after data: still pinned, estimates computed
+    assert (pol.mode, pol.k, pol.n_max) == (Mode.EB, 4, 8) and "pinned" in pol.reason
+    assert math.isfinite(pol.estimates.theta_star)
+    ctl.set_params(ControllerParams(n_override=64, k_override=100, update_every=10, min_window=5))
+    pol, _ = feed(ctl, [100] * 20, [10] * 20)
+    assert (pol.k, pol.n_max) == (16, 16)  # N capped at the engine's 16, k at N
