@@ -7,7 +7,10 @@ EB mode (paper §3.1 and Eq. 23): stay in DECODE until ``free slots = n_max − 
 requests wait and the KV reserve holds (``kv_free_frac ≥ kv_reserve_frac``); then REFILL admits prefills
 until the slots are full, the queue is empty or KV falls below the reserve; then DECODE again.
 ``running == 0`` always admits (nothing to protect, and an idle engine must not wait for k arrivals).
-A request that has waited ``max_defer_s`` forces a refill, so EB's deferral is bounded.
+Anti-starvation: once the gate has held waiting requests back for ``max_defer_s`` while a slot was free
+for them, it forces a refill, so EB's deferral is bounded. The clock counts only the gate's own deferral,
+not queueing for a full batch: under saturation every request queues, and counting that would force a
+refill every step and turn EB(k) into k = 1.
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ def gate_step(
     running: int,
     waiting: int,
     kv_free_frac: float,
-    oldest_wait_s: float,
+    deferred_s: float,
 ) -> GateDecision:
-    """One transition of the phase machine. ``policy`` None (none yet, or expired) means stock."""
+    """One transition of the phase machine. ``policy`` None (none yet, or expired) means stock.
+    ``deferred_s``: how long the gate has been refusing waiting requests while a slot was free."""
     if policy is None or policy.mode is Mode.OFF:
         return _STOCK
     free = policy.n_max - running
@@ -78,7 +82,7 @@ def gate_step(
         if kv_ok:
             return GateDecision(Phase.REFILL, True, free, False, Reason.FILLING)
         return GateDecision(Phase.DECODE, False, 0, False, Reason.KV_RESERVE)
-    if oldest_wait_s >= policy.max_defer_s:
+    if deferred_s >= policy.max_defer_s:
         # Anti-starvation beats the KV reserve: the engine's own allocator still refuses what cannot fit.
         return GateDecision(Phase.REFILL, True, free, False, Reason.STARVATION)
     if free < policy.k:
@@ -89,19 +93,24 @@ def gate_step(
 
 
 class PhaseGate:
-    """Holds the phase between iterations; everything else is :func:`gate_step`."""
+    """Holds the phase and the deferral clock between iterations; the rest is :func:`gate_step`."""
 
-    __slots__ = ("last", "phase")
+    __slots__ = ("defer_since", "last", "phase")
 
     def __init__(self) -> None:
         self.phase = Phase.DECODE
         self.last: GateDecision = _STOCK
+        self.defer_since: float | None = None  # when the gate began refusing a request it had a slot for
 
-    def decide(
-        self, policy: Policy | None, *, running: int, waiting: int, kv_free_frac: float, oldest_wait_s: float
-    ) -> GateDecision:
-        d = gate_step(self.phase, policy, running=running, waiting=waiting,
-                      kv_free_frac=kv_free_frac, oldest_wait_s=oldest_wait_s)
+    def decide(self, policy: Policy | None, *, running: int, waiting: int, kv_free_frac: float,
+               now: float) -> GateDecision:
+        since = self.defer_since
+        d = gate_step(self.phase, policy, running=running, waiting=waiting, kv_free_frac=kv_free_frac,
+                      deferred_s=0.0 if since is None else now - since)
+        if d.allow_prefill or waiting <= 0 or (policy is not None and running >= policy.n_max):
+            self.defer_since = None
+        elif since is None:
+            self.defer_since = now
         self.phase = d.phase
         self.last = d
         return d

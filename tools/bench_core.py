@@ -54,7 +54,7 @@ def bench_gate(n: int = 200_000) -> tuple[float, float]:
     for chunk in range(0, n, 1000):
         t = time.perf_counter()
         for r in running[chunk:chunk + 1000]:
-            gate.decide(pol, running=r, waiting=10, kv_free_frac=0.5, oldest_wait_s=0.1)
+            gate.decide(pol, running=r, waiting=10, kv_free_frac=0.5, now=0.1)
         samples.append((time.perf_counter() - t) / 1000)
     samples.sort()
     return statistics.median(samples), samples[int(0.99 * len(samples)) - 1]

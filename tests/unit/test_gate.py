@@ -9,7 +9,7 @@ EB = Policy(mode=Mode.EB, k=4, n_max=8, kv_reserve_frac=0.2, max_defer_s=5.0)
 
 
 def step(phase, policy=EB, *, running, waiting, kv=1.0, wait_s=0.0):
-    return gate_step(phase, policy, running=running, waiting=waiting, kv_free_frac=kv, oldest_wait_s=wait_s)
+    return gate_step(phase, policy, running=running, waiting=waiting, kv_free_frac=kv, deferred_s=wait_s)
 
 
 @pytest.mark.parametrize("policy", [None, Policy(mode=Mode.OFF, k=4, n_max=8)])
@@ -82,19 +82,34 @@ def test_mb_mode_mixes_up_to_n_max():
 
 
 def test_starvation_bound_in_a_cycle():
-    """Drive the stateful gate: with k never reached, a waiting request is admitted once it has waited
-    max_defer_s, and not before."""
+    """Drive the stateful gate: with k never reached, a waiting request is admitted once the gate has
+    deferred it for max_defer_s with a slot free, and not before."""
     gate = PhaseGate()
     pol = Policy(mode=Mode.EB, k=8, n_max=8, max_defer_s=2.0)
     admitted_at = None
     for i in range(100):
-        t = i * 0.1
-        d = gate.decide(pol, running=7, waiting=1, kv_free_frac=1.0, oldest_wait_s=t)
+        t = 10.0 + i * 0.1
+        d = gate.decide(pol, running=7, waiting=1, kv_free_frac=1.0, now=t)
         if d.allow_prefill:
             admitted_at = t
             break
-    assert admitted_at == pytest.approx(2.0)
-    assert gate.phase is Phase.REFILL
+    assert admitted_at == pytest.approx(12.0)
+    assert d.reason is Reason.STARVATION and gate.phase is Phase.REFILL
+
+
+def test_queueing_for_a_full_batch_is_not_deferral():
+    """Under saturation (no free slot) requests queue but the gate is not deferring them: the clock must
+    not run, or EB(k) would collapse into k = 1 as soon as slots free up."""
+    gate = PhaseGate()
+    pol = Policy(mode=Mode.EB, k=4, n_max=8, max_defer_s=1.0)
+    for i in range(50):  # 5 s with the batch full
+        gate.decide(pol, running=8, waiting=100, kv_free_frac=1.0, now=i * 0.1)
+    d = gate.decide(pol, running=7, waiting=100, kv_free_frac=1.0, now=5.0)
+    assert (d.allow_prefill, d.reason) == (False, Reason.WAIT_K)
+    d = gate.decide(pol, running=7, waiting=100, kv_free_frac=1.0, now=5.99)
+    assert d.allow_prefill is False
+    d = gate.decide(pol, running=7, waiting=100, kv_free_frac=1.0, now=6.0)
+    assert (d.allow_prefill, d.reason) == (True, Reason.STARVATION)
 
 
 def test_full_eb_cycle_counts_prefill_batches():
@@ -102,7 +117,7 @@ def test_full_eb_cycle_counts_prefill_batches():
     gate = PhaseGate()
     running, switches = 8, []
     for it in range(40):
-        d = gate.decide(EB, running=running, waiting=100, kv_free_frac=1.0, oldest_wait_s=0.0)
+        d = gate.decide(EB, running=running, waiting=100, kv_free_frac=1.0, now=it * 0.01)
         if d.allow_prefill:
             switches.append(8 - running)
             running += d.admit_max  # the engine admits what it may

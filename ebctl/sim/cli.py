@@ -1,0 +1,223 @@
+"""``ebctl simulate``: run policies on the simulated engine and compare them (table, JSON, plot).
+
+``simulate`` is a plain function with typer-annotated parameters; the main CLI registers it with
+``app.command("simulate")(simulate)`` and ``python -m ebctl.sim`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ebctl import profiles
+from ebctl.sim import costs, hardware, policies, runner, workloads
+from ebctl.sim.engine import EngineConfig
+from ebctl.sim.metrics import jsonable
+
+DEFAULT_POLICIES = "v0,mb,eb-auto,eb+"
+
+
+def _fail(msg: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {escape(msg)}", highlight=False)
+    return typer.Exit(2)
+
+
+def simulate(
+    profile: Annotated[str, typer.Option(help="Cost profile: a preset (qwen3-8b/h200, "
+                                              "qwen3-8b/rtx-pro-6000, ...) or a profile file.")] = "qwen3-8b/h200",
+    workload: Annotated[str | None, typer.Option(
+        help="balanced, decode-heavy, prefill-heavy, table3, azure-conv, azure-code, mooncake-conv, "
+             "dist-shift, conc-shift, uniform:L=..,O=.., geometric:L=..,O=.., gamma:a=..,L=..,O=..")] = None,
+    trace: Annotated[Path | None, typer.Option(help="A trace CSV (input_tokens,output_tokens[,timestamp_s|"
+                                                    "timestamp_ms] or Azure's TIMESTAMP,ContextTokens,"
+                                                    "GeneratedTokens).")] = None,
+    concurrency: Annotated[int, typer.Option(help="Closed loop: requests outstanding at most.")] = 2048,
+    open_loop: Annotated[bool, typer.Option("--open-loop", help="Replay the trace's timestamps instead.")] = False,
+    time_scale: Annotated[float, typer.Option(help="Open loop: inter-arrival times × this.")] = 1.0,
+    requests: Annotated[int, typer.Option(help="Requests per run.")] = 4000,
+    policy_list: Annotated[str, typer.Option("--policies", help="Comma-separated: v0, mb, eb:k=K, "
+                                                                "eb:theta=X, eb-auto, eb+.")] = DEFAULT_POLICIES,
+    sweep_theta: Annotated[bool, typer.Option("--sweep-theta", help="Add eb:theta=X for X in 0.05..0.95.")] = False,
+    seed: Annotated[int, typer.Option(help="Workload sampling seed (the engine is deterministic).")] = 0,
+    max_running: Annotated[int, typer.Option(help="Engine slots N.")] = 1024,
+    token_budget: Annotated[int, typer.Option(help="Tokens per iteration B (chunked prefill).")] = 8192,
+    kv_tokens: Annotated[int, typer.Option(help="KV capacity C in tokens; 0: from the model and GPU.")] = 0,
+    block_size: Annotated[int, typer.Option(help="KV block size b.")] = 16,
+    cost_model: Annotated[str, typer.Option(help="profile (context-aware, calibrated mixed cost) or "
+                                                 "linear (the paper's).")] = "profile",
+    layers: Annotated[int, typer.Option(help="Layers for the attention terms; 0: the model's (Qwen3-8B: 36).")] = 0,
+    slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds.")] = 10.0,
+    slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: TPOT seconds.")] = 0.1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw throughput vs θ and the eb+ mode over time "
+                                                   "(needs matplotlib).")] = None,
+    progress: Annotated[bool, typer.Option(help="Progress bar on a terminal.")] = True,
+) -> None:
+    """Simulate an engine under each policy on one workload and compare throughput and latency."""
+    if plot is not None and not _has_matplotlib():
+        raise _fail("--plot needs matplotlib: pip install 'ebctl[plot]'")
+    if workload is not None and trace is not None:
+        raise _fail("give --workload or --trace, not both")
+    try:
+        prof = profiles.load(profile)
+        cm = costs.build(prof, cost_model, layers=layers or None)
+        kv = kv_tokens or hardware.kv_capacity_tokens(prof.model, prof.gpu)
+        cfg = EngineConfig(max_running=max_running, token_budget=token_budget, kv_tokens=kv,
+                           block_size=block_size)
+        if trace is not None:
+            wl = workloads.from_trace(trace, requests, seed=seed, open_loop=open_loop, time_scale=time_scale)
+        else:
+            wl = workloads.load(workload or "balanced", requests, seed=seed, open_loop=open_loop,
+                                time_scale=time_scale)
+        specs = [s.strip() for s in policy_list.split(",") if s.strip()]
+        if sweep_theta:
+            specs += [s for s in policies.theta_sweep() if s not in specs]
+        if not specs:
+            raise ValueError("no policies given")
+        for s in specs:  # parse them all before running any
+            policies.make(s, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+        if concurrency < 1:
+            raise ValueError(f"--concurrency {concurrency}: must be >= 1")
+    except (ValueError, OSError, profiles.ProfileError) as e:
+        raise _fail(str(e)) from None
+
+    err = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=True, disable=not (progress and err.is_terminal))
+    results = []
+    with bar:
+        for spec in specs:
+            task = bar.add_task(f"{spec:>14}", total=len(wl))
+            src = policies.make(spec, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+            res = runner.run(wl, src, cm, cfg, concurrency=concurrency, slo=runner.Slo(slo_ttft, slo_tpot),
+                             progress=lambda done, total, t=task: bar.update(t, completed=done))
+            bar.remove_task(task)
+            results.append(res)
+
+    header = {"command": _command_line(),
+              "profile": prof.name, "workload": wl.name, "requests": len(wl),
+              "concurrency": wl.concurrency_label(concurrency),
+              "engine": {"max_running": cfg.max_running, "token_budget": cfg.token_budget,
+                         "kv_tokens": cfg.kv_tokens, "block_size": cfg.block_size},
+              "cost_model": costs.describe(cm), "best_fixed_theta": best_theta(results)}
+    if json_out:
+        print(json.dumps(jsonable({**header, "results": results})))
+    else:
+        out = Console()
+        render(header, results, out if out.is_terminal else Console(width=200))
+    if plot is not None:
+        draw(results, plot, title=f"{prof.name} · {wl.name} · c={header['concurrency']}")
+
+
+def _command_line() -> str:
+    args = sys.argv[1:]
+    if args[:1] == ["simulate"]:
+        return "ebctl " + shlex.join(args)
+    return "python -m ebctl.sim " + shlex.join(args)
+
+
+def best_theta(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best ``eb:theta=X`` run by throughput, and each other policy's throughput as a share of it."""
+    fixed = [r for r in results if r["policy"].startswith("eb:theta=")]
+    if not fixed:
+        return None
+    best = max(fixed, key=lambda r: r["total_tok_per_s"])
+    return {"policy": best["policy"], "theta": float(best["policy"].split("=")[1]),
+            "total_tok_per_s": best["total_tok_per_s"],
+            "share": {r["policy"]: r["total_tok_per_s"] / best["total_tok_per_s"]
+                      for r in results if not r["policy"].startswith("eb:theta=")}}
+
+
+def _f(x: float, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * scale:,.{digits}f}"
+
+
+def render(header: dict[str, Any], results: list[dict[str, Any]], console: Console) -> None:
+    t = Table(title=f"{header['profile']} · {header['workload']} · {header['requests']} requests · "
+                    f"c={header['concurrency']}", title_justify="left")
+    for col in ("policy", "out tok/s", "total tok/s", "req/s", "TTFT p50/p99 s", "TPOT p50/p99 ms",
+                "ITL p99 ms", "goodput", "preempt", "peak KV", "mode / k·N"):
+        t.add_column(col, justify="left" if col in ("policy", "mode / k·N") else "right", no_wrap=True)
+    for r in results:
+        t.add_row(r["policy"], _f(r["tok_per_s"], digits=0), _f(r["total_tok_per_s"], digits=0),
+                  _f(r["req_per_s"]), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
+                  f"{_f(r['tpot_s']['p50'], 1e3, 1)}/{_f(r['tpot_s']['p99'], 1e3, 1)}",
+                  _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}", str(r["preemptions"]),
+                  f"{r['peak_kv_frac']:.0%}", _modes(r))
+    console.print(t)
+    best = header.get("best_fixed_theta")
+    if best:
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in best["share"].items())
+        console.print(f"best fixed θ = {best['theta']:.2f} ({best['total_tok_per_s']:,.0f} tok/s); "
+                      f"share of it: {shares}", highlight=False)
+
+
+def _modes(r: dict[str, Any]) -> str:
+    share = r.get("mode_share") or {}
+    text = " ".join(f"{k} {v:.0%}" for k, v in sorted(share.items()) if v >= 0.005 and len(share) > 1)
+    fp = r.get("final_policy")
+    if fp:
+        text += f" k={fp['k']} N={fp['n_max']}"
+    return text.strip() or ("stock" if not share else next(iter(share)))
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def draw(results: list[dict[str, Any]], path: Path, *, title: str = "") -> None:
+    """Throughput vs θ (with every other policy as a line) and the eb+ mode over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = sorted((float(r["policy"].split("=")[1]), r["total_tok_per_s"]) for r in results
+                   if r["policy"].startswith("eb:theta="))
+    plus = [r for r in results if r["policy"].startswith("eb+")]
+    fig, axes = plt.subplots(1, 2 if plus else 1, figsize=(12 if plus else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    if sweep:
+        ax.plot([s[0] for s in sweep], [s[1] for s in sweep], "o-", label="eb:theta=X")
+    for i, r in enumerate(r for r in results if not r["policy"].startswith("eb:theta=")):
+        ax.axhline(r["total_tok_per_s"], color=f"C{i + 1}", ls="--", label=r["policy"])
+    ax.set_xlabel("θ = k/N")
+    ax.set_ylabel("total tokens/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    if plus:
+        ax2 = axes[0][1]
+        level = {"off": 0.5, "mb": 0.0, "eb": 1.0}
+        for r in plus:
+            tl = r["mode_timeline"]
+            if tl:
+                xs = [c[0] for c in tl] + [r["makespan_s"]]
+                ys = [level.get(c[1], 0.5) for c in tl] + [level.get(tl[-1][1], 0.5)]
+                ax2.step(xs, ys, where="post", label=r["policy"])
+        ax2.set_yticks([0, 0.5, 1], ["mb", "off", "eb"])
+        ax2.set_xlabel("simulated time (s)")
+        ax2.set_title("eb+ mode")
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False)
+    app.command()(simulate)
+    app()

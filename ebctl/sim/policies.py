@@ -1,0 +1,173 @@
+"""Policy sources: what the simulated engine's gate is told each iteration, all through ``Policy``.
+
+``make(spec, ...)`` parses a policy name:
+
+* ``v0``: no policy, the engine's stock behaviour (SGLang: prefill first whenever a prefill batch forms,
+  i.e. EB with k = 1);
+* ``mb``: mixed chunked prefill, decode first then prefill chunks (``Policy(mode=mb)``);
+* ``eb:k=K`` / ``eb:theta=X``: EB with a fixed threshold (k = max(1, ⌊θ·N⌋)); options ``n=`` (batch cap,
+  default the engine's max_running), ``kv=`` (KV reserve share, default 0) and ``defer=`` (max_defer_s,
+  default inf: a pure threshold policy);
+* ``eb-auto``: EB(k̂*, N̂*), a ``Controller`` (mode eb) run in-process on the engine's own reports;
+* ``eb+``: the same controller with the EB+ mode rule (Eq. 8) on top.
+  Both take ``method=paper|cfr|exact-fluid``, ``delta=``, ``defer=``, ``window=``, ``every=``.
+
+A source is fed every ``IterationReport`` (``observe``) and asked for the policy before the next step
+(``policy(now)``, simulated time). The controller's policy is re-stamped with ``now`` each step: the
+in-process controller stands for a live daemon, so its policy never expires on the TTL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from ebctl import model
+from ebctl.controller import Controller, ControllerParams
+from ebctl.protocol import IterationReport, Mode, Policy
+
+FIXED_OPTIONS = {"k", "theta", "n", "kv", "defer"}
+AUTO_OPTIONS = {"method", "delta", "defer", "window", "every"}
+
+
+@dataclass(frozen=True, slots=True)
+class ModeChange:
+    t: float
+    mode: str
+    k: int
+    n_max: int
+
+
+class PolicySource(Protocol):
+    name: str
+    timeline: list[ModeChange]
+
+    def policy(self, now: float) -> Policy | None: ...
+
+    def observe(self, report: IterationReport) -> None: ...
+
+
+@dataclass
+class Stock:
+    """No policy at all: the engine's stock behaviour."""
+
+    name: str = "v0"
+    timeline: list[ModeChange] = field(default_factory=list)
+
+    def policy(self, now: float) -> Policy | None:
+        return None
+
+    def observe(self, report: IterationReport) -> None:
+        pass
+
+
+@dataclass
+class Fixed:
+    """One policy for the whole run."""
+
+    name: str
+    fixed: Policy
+    timeline: list[ModeChange] = field(default_factory=list)
+
+    def policy(self, now: float) -> Policy | None:
+        if not self.timeline:
+            self.timeline.append(ModeChange(now, str(self.fixed.mode), self.fixed.k, self.fixed.n_max))
+        return msgspec.structs.replace(self.fixed, issued_at=now)
+
+    def observe(self, report: IterationReport) -> None:
+        pass
+
+
+@dataclass
+class Auto:
+    """A ``Controller`` in-process: it sees every report and is updated after every step."""
+
+    name: str
+    controller: Controller
+    timeline: list[ModeChange] = field(default_factory=list)
+    _version: int = -1
+
+    def policy(self, now: float) -> Policy | None:
+        p = self.controller.update(now)
+        if p.version != self._version:
+            self._version = p.version
+            last = self.timeline[-1] if self.timeline else None
+            if last is None or (last.mode, last.k, last.n_max) != (str(p.mode), p.k, p.n_max):
+                self.timeline.append(ModeChange(now, str(p.mode), p.k, p.n_max))
+        return msgspec.structs.replace(p, issued_at=now)
+
+    def observe(self, report: IterationReport) -> None:
+        self.controller.observe(report)
+
+
+def _options(text: str, allowed: set[str], spec: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, val = part.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"policy {spec!r}: bad option {part!r} (options: {', '.join(sorted(allowed))})")
+        out[key] = val
+    return out
+
+
+def _num(opts: dict[str, str], key: str, spec: str, default: float, lo: float, hi: float = math.inf) -> float:
+    if key not in opts:
+        return default
+    try:
+        v = float(opts[key])
+    except ValueError:
+        raise ValueError(f"policy {spec!r}: {key}={opts[key]!r} is not a number") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"policy {spec!r}: {key}={v:g} must be in [{lo:g}, {hi:g}]")
+    return v
+
+
+def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | None = None,
+         engine_id: str = "sim") -> PolicySource:
+    """Parse a policy name (module docstring) into a source for an engine of ``max_running`` slots."""
+    spec = spec.strip()
+    head, _, rest = spec.partition(":")
+    if head in ("v0", "stock") and not rest:
+        return Stock(name=spec)
+    if head == "mb":
+        o = _options(rest, {"n"}, spec)
+        n = int(_num(o, "n", spec, max_running, 1))
+        return Fixed(spec, Policy(engine_id=engine_id, version=1, mode=Mode.MB, k=1, n_max=n))
+    if head == "eb":
+        o = _options(rest, FIXED_OPTIONS, spec)
+        n = int(_num(o, "n", spec, max_running, 1))
+        if ("k" in o) == ("theta" in o):
+            raise ValueError(f"policy {spec!r}: give exactly one of k= or theta=")
+        if "k" in o:
+            k = int(_num(o, "k", spec, 1, 1, n))
+        else:
+            k = max(1, math.floor(_num(o, "theta", spec, 0.5, 1e-9, 1.0 - 1e-9) * n))
+        p = Policy(engine_id=engine_id, version=1, mode=Mode.EB, k=k, n_max=n,
+                   kv_reserve_frac=_num(o, "kv", spec, 0.0, 0.0, 0.99),
+                   max_defer_s=_num(o, "defer", spec, math.inf, 0.0))
+        return Fixed(spec, p)
+    if head in ("eb-auto", "eb+"):
+        o = _options(rest, AUTO_OPTIONS, spec)
+        method = o.get("method", "paper")
+        if method not in ("paper", "cfr", "exact-fluid"):
+            raise ValueError(f"policy {spec!r}: method={method!r} must be paper, cfr or exact-fluid")
+        defaults = ControllerParams()
+        params = ControllerParams(
+            mode="eb" if head == "eb-auto" else "eb+", theta_method=method,  # type: ignore[arg-type]
+            n_max_limit=max_running, kv_capacity_tokens=kv_tokens,
+            delta=_num(o, "delta", spec, defaults.delta, -1.0, 1.0),
+            max_defer_s=_num(o, "defer", spec, defaults.max_defer_s, 0.0),
+            window=int(_num(o, "window", spec, defaults.window, 1)),
+            update_every=int(_num(o, "every", spec, defaults.update_every, 1)))
+        return Auto(spec, Controller(params, costs, engine_id=engine_id, cost_source="profile" if costs else ""))
+    raise ValueError(f"unknown policy {spec!r}: v0, mb, eb:k=K, eb:theta=X, eb-auto or eb+ "
+                     "(options after a colon, comma-separated)")
+
+
+def theta_sweep(lo: float = 0.05, hi: float = 0.95, step: float = 0.05) -> list[str]:
+    """``eb:theta=X`` for X in lo..hi."""
+    n = round((hi - lo) / step) + 1
+    return [f"eb:theta={lo + i * step:.2f}" for i in range(n)]

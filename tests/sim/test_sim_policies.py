@@ -1,0 +1,59 @@
+"""Policy names → sources of Policy; the auto ones run a Controller on the engine's reports."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ebctl.protocol import Mode
+from ebctl.sim import policies, workloads
+from ebctl.sim.engine import EngineConfig
+
+
+def make(spec):
+    return policies.make(spec, max_running=100, kv_tokens=50_000)
+
+
+def test_fixed_policies():
+    assert make("v0").policy(0.0) is None
+    mb = make("mb").policy(3.0)
+    assert (mb.mode, mb.n_max, mb.issued_at) == (Mode.MB, 100, 3.0)
+    eb = make("eb:k=8").policy(0.0)
+    assert (eb.mode, eb.k, eb.n_max, eb.kv_reserve_frac, eb.max_defer_s) == (Mode.EB, 8, 100, 0.0, math.inf)
+    assert make("eb:theta=0.3").policy(0.0).k == 30
+    assert make("eb:theta=0.001").policy(0.0).k == 1
+    p = make("eb:theta=0.5,n=40,kv=0.1,defer=2").policy(0.0)
+    assert (p.k, p.n_max, p.kv_reserve_frac, p.max_defer_s) == (20, 40, 0.1, 2.0)
+    assert not make("eb:k=8").policy(1e9).expired(1e9)  # re-stamped: never expires on the TTL
+
+
+@pytest.mark.parametrize("bad", ["eb", "eb:k=0", "eb:k=3,theta=0.2", "eb:theta=1.5", "eb:k=x", "mb:k=3",
+                                 "eb-auto:method=magic", "eb+:foo=1", "v1", ""])
+def test_bad_names_are_refused(bad):
+    with pytest.raises(ValueError):
+        make(bad)
+
+
+def test_theta_sweep():
+    s = policies.theta_sweep()
+    assert len(s) == 19 and s[0] == "eb:theta=0.05" and s[-1] == "eb:theta=0.95"
+
+
+@pytest.mark.parametrize(("spec", "modes"), [("eb-auto:every=20", {"eb"}), ("eb+:every=20", {"eb", "mb"})])
+def test_auto_policies_run_the_controller_on_engine_reports(spec, modes, h200, h200_model, sim_run):
+    wl = workloads.load("balanced", 800, seed=0)
+    cfg = EngineConfig(max_running=128, token_budget=4096, kv_tokens=200_000)
+    res = sim_run(wl, spec, h200_model, cfg, concurrency=256, prof=h200)
+    tl = res["mode_timeline"]
+    assert tl[0][1] == "off"  # cold start: stock until the window holds data
+    assert {m for _, m, _, _ in tl[1:]} <= modes and len(tl) >= 2
+    fp = res["final_policy"]
+    assert 1 <= fp["k"] <= fp["n_max"] <= 128 and 0 < fp["theta_star"] < 1
+
+
+def test_eb_plus_picks_mb_at_low_concurrency(h200, h200_model, sim_run):
+    wl = workloads.load("table3", 600, seed=0)
+    cfg = EngineConfig(max_running=1024, token_budget=8192, kv_tokens=700_000)
+    low = sim_run(wl, "eb+:every=50", h200_model, cfg, concurrency=16, prof=h200)
+    assert low["mode_share"].get("mb", 0) > 0.5
