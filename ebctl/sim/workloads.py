@@ -107,7 +107,7 @@ def synthetic(mu_l: float, mu_o: float, n: int, *, seed: int = 0, outputs: str =
     return Workload(name or f"{outputs}:L={mu_l:g},O={mu_o:g}", inputs.astype(np.int64), out.astype(np.int64))
 
 
-def _read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
@@ -145,7 +145,7 @@ def from_trace(path: str | Path, n: int, *, seed: int = 0, open_loop: bool = Fal
                name: str = "") -> Workload:
     """Requests from a trace file (formats in the module docstring)."""
     path = Path(path)
-    inputs, outputs, ts = _read_rows(path)
+    inputs, outputs, ts = read_rows(path)
     name = name or path.stem
     if open_loop:
         if ts is None:
