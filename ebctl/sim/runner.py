@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ebctl.protocol import BatchKind
+from ebctl.protocol import BatchKind, IterationReport
 from ebctl.sim import metrics
 from ebctl.sim.costs import CostModel
 from ebctl.sim.engine import Engine, EngineConfig
@@ -33,8 +33,10 @@ class Slo:
 
 def run(workload: Workload, source: PolicySource, cost_model: CostModel, config: EngineConfig, *,
         concurrency: int = 2048, slo: Slo = Slo(), progress: Progress | None = None,
-        keep_engine: bool = False) -> dict[str, Any]:
-    """Simulate the whole workload; returns the metrics (``metrics.summarize``) plus run details."""
+        keep_engine: bool = False, on_step: Callable[[float, IterationReport], None] | None = None,
+        ) -> dict[str, Any]:
+    """Simulate the whole workload; returns the metrics (``metrics.summarize``) plus run details.
+    ``on_step(now, report)`` runs after every iteration (the live engine paces itself there)."""
     if concurrency < 1 and not workload.open_loop:
         raise ValueError(f"concurrency={concurrency}: must be >= 1")
     wall0 = time.perf_counter()
@@ -62,6 +64,8 @@ def run(workload: Workload, source: PolicySource, cost_model: CostModel, config:
         eng.policy = source.policy(now)
         rep = eng.step(now)
         source.observe(rep)
+        if on_step is not None:
+            on_step(now, rep)
         k = len(eng.last_finished)
         done += k
         outstanding -= k
