@@ -1,0 +1,111 @@
+"""Prometheus view of the daemon: a Collector that reads the controllers when scraped (STYLE.md 8).
+
+Nothing is pushed or cached: ``collect()`` reads each engine's current policy, estimates, costs and
+counters. The daemon registers it on its own ``CollectorRegistry`` and serves that registry over HTTP
+only when ``daemon.metrics_port`` > 0 (bound to ``daemon.metrics_host``, localhost by default).
+Tests read samples with ``registry.get_sample_value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ebctl.protocol import Mode
+
+if TYPE_CHECKING:
+    from ebctl.daemon import Daemon
+
+PREFIX = "ebctl"
+# estimate fields exported as one gauge each: name → help
+ESTIMATE_GAUGES = {
+    "theta0": "CFR base threshold θ̂0 (Eq. 3)",
+    "delta_theta": "IFR correction Δθ (Eq. 5)",
+    "theta_star": "refill threshold θ̂* = k/N",
+    "n_star": "memory-safe batch size N̂* (Eq. 6)",
+    "p0": "hazard intercept p̂0 (1/token)",
+    "eta": "hazard slope η̂ (1/token²)",
+    "fit_r2": "weighted R² of the hazard fit",
+    "mu_l": "mean input length μ̂_L (tokens)",
+    "mu_o": "mean output length μ̂_O (tokens)",
+    "eb_lhs": "Eq. 8 left side β_MB^e(r) − β_EB^w (s/token)",
+    "eb_rhs": "Eq. 8 right side, δ included (s/token)",
+}
+
+
+class DaemonCollector(Collector):
+    """Gauges and counters per engine id, read from a running ``Daemon`` at scrape time."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        d = self._daemon
+        engines = list(d.engines.items())  # one atomic copy: the loop may add engines meanwhile
+        mono = time.monotonic()
+
+        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["engine", *labels])
+
+        est_g = {k: gauge(k, doc) for k, doc in ESTIMATE_GAUGES.items()}
+        k_g, n_g = gauge("k", "refill threshold k (free slots)"), gauge("n_max", "batch cap N in force")
+        n_obs = gauge("n_obs", "EMA of the running batch size N_obs")
+        kv_g = gauge("kv_reserve_frac", "KV reserve fraction (Eq. 23)")
+        mode_g = gauge("mode", "1 for the mode in force, 0 for the others", "mode")
+        ver_g = gauge("policy_version", "version of the current policy")
+        age_g = gauge("last_report_age_seconds", "seconds since the engine's last report")
+        cost_g = gauge("cost", "iteration-cost coefficient in use (s, s/token or s/request)", "coef")
+        r2_g = gauge("cost_fit_r2", "R² of the online cost fit", "phase")
+        reports = CounterMetricFamily(f"{PREFIX}_reports", "iteration reports received", labels=["engine"])
+        updates = CounterMetricFamily(f"{PREFIX}_policy_updates", "policy recomputations", labels=["engine"])
+        gaps = CounterMetricFamily(f"{PREFIX}_seq_gaps", "reports missing from the seq sequence",
+                                   labels=["engine"])
+        for eid, eng in engines:
+            ctl = eng.controller
+            pol = ctl.policy
+            est = pol.estimates
+            for k, g in est_g.items():  # NaN until the first recompute
+                g.add_metric([eid], math.nan if est is None else float(getattr(est, k)))
+            k_g.add_metric([eid], pol.k)
+            n_g.add_metric([eid], pol.n_max)
+            n_obs.add_metric([eid], ctl.n_obs.value)
+            kv_g.add_metric([eid], pol.kv_reserve_frac)
+            for m in Mode:
+                mode_g.add_metric([eid, m.value], 1.0 if pol.mode is m else 0.0)
+            ver_g.add_metric([eid], pol.version)
+            age_g.add_metric([eid], mono - eng.last_report if math.isfinite(eng.last_report) else math.nan)
+            costs, _ = ctl.costs()
+            for name, v in dataclasses.asdict(costs).items():
+                cost_g.add_metric([eid, name], v)
+            for phase in ("prefill", "decode", "mixed"):
+                fit = getattr(ctl.fits, phase)
+                r2_g.add_metric([eid, phase], fit.r2 if fit is not None else math.nan)
+            reports.add_metric([eid], ctl.reports)
+            updates.add_metric([eid], ctl.updates)
+            gaps.add_metric([eid], eng.seq_gaps)
+        yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, r2_g, reports,
+                    updates, gaps)
+        c = d.counters
+        rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
+                                       labels=["socket", "reason"])
+        for reason, n in c.rejected.items():
+            rejected.add_metric(["telemetry", reason], n)
+        for reason, n in c.control_rejected.items():
+            rejected.add_metric(["control", reason], n)
+        yield rejected
+        yield CounterMetricFamily(f"{PREFIX}_received", "valid iteration reports received (all engines)",
+                                  value=c.received)
+        yield CounterMetricFamily(f"{PREFIX}_published", "policies published with a new version", value=c.published)
+        yield CounterMetricFamily(f"{PREFIX}_control_errors", "control requests answered ok=false",
+                                  value=c.control_errors)
+        hs = CounterMetricFamily(f"{PREFIX}_handshake_failed", "ZMTP/CURVE handshakes refused", labels=["kind"])
+        for kind, n in c.handshake_failed.items():
+            hs.add_metric([kind], n)
+        yield hs
+        yield GaugeMetricFamily(f"{PREFIX}_engines", "engine ids known", value=len(engines))

@@ -1,0 +1,136 @@
+"""Helpers of the daemon tests: config files with small TTLs, daemon subprocesses, report builders, polling."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ebctl import config
+from ebctl.link import ControlClient, DaemonUnreachable
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport
+
+FAST = {  # small windows and TTLs: policies within a few dozen reports, expiry within a second
+    "controller": {"ttl_s": 1.0, "update_every": 10, "min_window": 20, "window": 100, "n_min_interval_s": 0.0,
+                   "kv_capacity_tokens": 10_000_000, "n_max_limit": 256},
+    "daemon": {"republish_s": 0.2, "log_level": "info"},
+}
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> object:
+    """Poll ``pred`` until it returns something truthy (returned) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or pred}")
+        time.sleep(interval)
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v + '"'
+    return repr(v)
+
+
+def write_config(path: Path, runtime_dir: Path, **sections: dict) -> Path:
+    merged = {s: {**FAST.get(s, {}), **sections.get(s, {})} for s in ("daemon", "controller")}
+    merged["daemon"].setdefault("runtime_dir", str(runtime_dir))
+    lines = []
+    for section, values in merged.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def report(engine_id: str, seq: int, finished: tuple[FinishedRequest, ...] = (), *, kind=BatchKind.DECODE,
+           decode_reqs: int = 64, forward_s: float | None = None, **kw) -> IterationReport:
+    if forward_s is None:
+        forward_s = 8.9e-3 + 4.6e-5 * decode_reqs
+    return IterationReport(engine_id=engine_id, seq=seq, wall_time=time.time(), forward_s=forward_s, kind=kind,
+                           decode_reqs=decode_reqs, running=kw.pop("running", 64), kv_total=kw.pop("kv_total", 10**7),
+                           finished=finished, **kw)
+
+
+def finished(rng: np.random.Generator, mean_out: float, n: int) -> tuple[FinishedRequest, ...]:
+    """``n`` completions with geometric output lengths of mean ``mean_out`` (constant hazard 1/mean)."""
+    return tuple(FinishedRequest(int(i), int(o)) for i, o in zip(rng.integers(50, 500, n),
+                                                                   rng.geometric(1.0 / mean_out, n), strict=True))
+
+
+class DaemonProcess:
+    """``python -m ebctl.daemon`` in a subprocess, its stderr in a file."""
+
+    def __init__(self, cfg_path: Path, *args: str) -> None:
+        self.cfg_path = cfg_path
+        self.cfg = config.load(str(cfg_path), _overrides(args))
+        self.log_path = cfg_path.with_suffix(f".{time.monotonic_ns()}.log")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "ebctl.daemon", "--config", str(cfg_path), *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, timeout_s: float = 2.0) -> ControlClient:
+        d = self.cfg.daemon
+        return ControlClient(self.cfg.endpoint("control"), timeout_s=timeout_s, curve_client_key=d.curve_client_key,
+                             curve_server_public=d.curve_server_key, insecure=d.insecure)
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        """Until the daemon answers ``status`` (fails with its log if it exits first)."""
+        deadline = time.monotonic() + timeout
+        with self.client(timeout_s=0.3) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    if c.request("status").ok:
+                        return
+                except DaemonUnreachable:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"daemon not ready after {timeout}s:\n{self.log()}")
+
+    def request(self, op: str, **args):
+        with self.client() as c:
+            return c.request(op, **args)
+
+    def status(self) -> dict:
+        rep = self.request("status")
+        assert rep.ok, rep.error
+        return rep.data
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+def _overrides(args: tuple[str, ...]) -> dict[str, str]:
+    out, it = {}, iter(args)
+    for a in it:
+        if a == "--set":
+            k, _, v = next(it).partition("=")
+            out[k] = v
+        elif a == "--insecure":
+            out["daemon.insecure"] = "true"
+    return out
+
+

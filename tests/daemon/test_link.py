@@ -1,0 +1,188 @@
+"""EngineLink and ControlClient against real sockets, without a daemon: fake publishers and servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+from ebd_helpers import report, wait_for
+
+from ebctl.link import ControlClient, DaemonUnreachable, EngineLink, topic
+from ebctl.protocol import ControlReply, ControlRequest, Mode, Policy, decode, encode
+from ebctl.security import SecurityError
+
+
+@pytest.fixture
+def pub(tmp):
+    """A PUB socket bound where links look for policies: ``send(engine_id, payload)``."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUB)
+    ep = f"ipc://{tmp}/policy.sock"
+    s.bind(ep)
+    yield Pub(s, ep)
+    s.close(linger=0)
+    ctx.term()
+
+
+class Pub:
+    def __init__(self, sock, endpoint):
+        self.sock, self.endpoint = sock, endpoint
+
+    def send(self, frame: bytes) -> None:
+        self.sock.send(frame)
+
+
+def links(tmp, pub, *ids, **kw):
+    return [EngineLink(i, telemetry_endpoint=f"ipc://{tmp}/none.sock", policy_endpoint=pub.endpoint, **kw)
+            for i in ids]
+
+
+def connected(pub, link, engine_id):
+    """Wait until the SUB's subscription reached the PUB (the slow-joiner problem): probe until one arrives."""
+    probe = Policy(engine_id=engine_id, version=0, ttl_s=60.0)
+    def got():
+        pub.send(topic(engine_id) + encode(probe))
+        return link.policy(time.monotonic()) is not None
+    wait_for(got, timeout=5, what=f"subscription of {engine_id}")
+    time.sleep(0.05)  # let the probes still in flight arrive, then swallow them
+    link.policy(time.monotonic())
+
+
+def test_report_never_blocks_and_counts_drops_without_a_daemon(tmp):
+    link = EngineLink("e0", telemetry_endpoint=f"ipc://{tmp}/absent.sock", policy_endpoint=f"ipc://{tmp}/p.sock",
+                      queue=10)
+    worst, results = 0.0, []
+    for i in range(200):
+        t = time.perf_counter()
+        results.append(link.report(report("e0", i)))
+        worst = max(worst, time.perf_counter() - t)
+    s = link.stats()
+    assert results[0] and not results[-1]
+    assert s["sent"] == sum(results) and s["dropped"] == results.count(False) and s["sent"] + s["dropped"] == 200
+    assert 1 <= s["sent"] <= 20  # the queue bound (plus what the transport buffers), not 200
+    assert link.policy(time.monotonic()) is None
+    print(f"worst report() with no daemon: {worst * 1e6:.0f} µs")
+    assert worst < 0.05  # "never blocks": a correctness bound, not a benchmark
+    t = time.perf_counter()
+    link.close()
+    link.close()  # idempotent
+    assert time.perf_counter() - t < 1.0
+    assert link.report(report("e0", 201)) is False  # after close: dropped, no exception
+
+
+def test_topic_is_the_engine_id_exactly(tmp, pub):
+    dp1, dp10 = links(tmp, pub, "dp1", "dp10")
+    connected(pub, dp1, "dp1")
+    connected(pub, dp10, "dp10")
+    pub.send(topic("dp1") + encode(Policy(engine_id="dp1", version=7, ttl_s=60.0, mode=Mode.EB, k=3)))
+    pub.send(topic("dp10") + encode(Policy(engine_id="dp10", version=9, ttl_s=60.0, mode=Mode.MB, k=5)))
+    p1 = wait_for(lambda: (p := dp1.policy(time.monotonic())) and p.version == 7 and p, what="dp1 v7")
+    p10 = wait_for(lambda: (p := dp10.policy(time.monotonic())) and p.version == 9 and p, what="dp10 v9")
+    assert (p1.engine_id, p1.mode, p1.k) == ("dp1", Mode.EB, 3)
+    assert (p10.engine_id, p10.mode, p10.k) == ("dp10", Mode.MB, 5)
+    for link in (dp1, dp10):  # neither ever saw the other's frames
+        assert sum(link.stats()["rejected"].values()) == 0
+        link.close()
+
+
+def test_bad_policy_frames_are_counted_and_ignored(tmp, pub):
+    (link,) = links(tmp, pub, "e0")
+    connected(pub, link, "e0")
+    good = Policy(engine_id="e0", version=3, ttl_s=60.0, mode=Mode.EB, k=2, n_max=8)
+    pub.send(topic("e0") + encode(good))
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 3, what="v3")
+    before = link.stats()["rejected"]
+    pub.send(topic("e0") + b"\x93\x01garbage")  # not msgpack of a Policy
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, v=2, version=4)))  # another protocol version
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, k=0, version=5)))  # k >= 1 violated
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, engine_id="e1", version=6)))  # wrong id
+    pub.send(topic("e0") + b"")
+    want = {"malformed": 2, "version": 1, "validation": 1, "engine_id": 1}
+    wait_for(lambda: link.policy(time.monotonic()) and all(
+        link.stats()["rejected"][k] - before[k] == n for k, n in want.items()), what=f"rejections {want}")
+    assert link.policy(time.monotonic()).version == 3  # the good one is still in force
+    link.close()
+
+
+def test_expiry_is_local_receive_time_plus_ttl_whatever_issued_at_says(tmp, pub):
+    (link,) = links(tmp, pub, "e0")
+    connected(pub, link, "e0")
+    link.policy(1e9)  # the probe is now expired (its local receive time is long past)
+    for issued_at in (1.0, 4e9):  # a daemon clock far behind, then far ahead, of the engine's
+        pub.send(topic("e0") + encode(Policy(engine_id="e0", version=10 + int(issued_at > 2), issued_at=issued_at,
+                                             ttl_s=2.0)))
+        t0 = 2e9 + issued_at  # the engine's own clock (any monotonic seconds)
+        got = wait_for(lambda t0=t0: link.policy(t0), what="policy")
+        assert link.policy(t0 + 1.99) is got
+        assert link.policy(t0 + 2.0) is None
+    link.close()
+
+
+def test_newest_version_wins_and_a_restarted_daemon_is_followed(tmp, pub):
+    (link,) = links(tmp, pub, "e0")
+    connected(pub, link, "e0")
+
+    def send(version, issued_at):
+        pub.send(topic("e0") + encode(Policy(engine_id="e0", version=version, issued_at=issued_at, ttl_s=60.0)))
+
+    send(5, 100.0)
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 5, what="v5")
+    send(3, 90.0)  # older, from the same daemon: ignored
+    send(5, 101.0)  # a re-publish: refreshes
+    wait_for(lambda: link.policy(time.monotonic()).issued_at == 101.0, what="refresh of v5")
+    assert link.policy(time.monotonic()).version == 5
+    send(1, 200.0)  # a restarted daemon starts again at low versions, issued later: follow it
+    wait_for(lambda: link.policy(time.monotonic()).version == 1, what="v1 of the restarted daemon")
+    send(4, 201.0)
+    send(2, 150.0)  # drained in one call with v4: the newest stays
+    time.sleep(0.05)
+    assert link.policy(time.monotonic()).version == 4
+    link.close()
+
+
+def test_plaintext_tcp_refused_unless_insecure(tmp):
+    with pytest.raises(SecurityError, match="insecure"):
+        EngineLink("e0", telemetry_endpoint="tcp://127.0.0.1:5999", policy_endpoint="tcp://127.0.0.1:5998")
+    with pytest.raises(SecurityError, match="CURVE"):
+        ControlClient("tcp://127.0.0.1:5997")
+    EngineLink("e0", telemetry_endpoint="tcp://127.0.0.1:5999", policy_endpoint="tcp://127.0.0.1:5998",
+               insecure=True).close()
+    with pytest.raises(ValueError, match="engine_id"):
+        EngineLink("a\0b", telemetry_endpoint=f"ipc://{tmp}/t", policy_endpoint=f"ipc://{tmp}/p")
+
+
+def test_control_client_times_out_then_recovers_lazy_pirate(tmp):
+    ep = f"ipc://{tmp}/control.sock"
+    client = ControlClient(ep, timeout_s=0.2)
+    t = time.monotonic()
+    with pytest.raises(DaemonUnreachable, match=str(tmp)) as e:
+        client.request("status")
+    assert isinstance(e.value, ConnectionError) and e.value.endpoint == ep
+    assert time.monotonic() - t < 2.0
+
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    rep.bind(ep)
+    seen = []
+
+    def serve(n):
+        for _ in range(n):
+            req = decode(rep.recv(), ControlRequest)
+            seen.append((req.op, req.args))
+            rep.send(b"not a reply" if req.op == "garbage" else encode(ControlReply(ok=True, data=req.op)))
+
+    th = threading.Thread(target=serve, args=(2,), daemon=True)
+    th.start()
+    try:
+        assert client.request("status", verbose=True).data == "status"  # the same client, a rebuilt socket
+        bad = client.request("garbage")
+        assert not bad.ok and "bad reply" in bad.error
+        assert seen == [("status", {"verbose": True}), ("garbage", {})]
+    finally:
+        th.join(5)
+        client.close()
+        rep.close(linger=0)
+        ctx.term()
