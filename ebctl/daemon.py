@@ -407,8 +407,9 @@ class Daemon:
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())  # Ctrl-C: the same clean stop
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload_requested", True))
 
         def restore() -> None:
