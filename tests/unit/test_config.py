@@ -70,3 +70,17 @@ def test_every_controller_field_has_a_spec():
     import dataclasses
     names = {f.name for f in dataclasses.fields(ControllerParams)}
     assert names == {k.split(".", 1)[1] for k in config.SPECS if k.startswith("controller.")}
+
+
+def test_readme_documents_every_key_with_its_default():
+    from pathlib import Path
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text()
+    cfg = config.Config()
+    for key in config.SPECS:
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"| `{key}` |")), None)
+        assert line is not None, f"README's config table lacks {key}"
+        if key != "daemon.runtime_dir":
+            default = cfg.get(key)
+            shown = f'"{default}"' if isinstance(default, str) else repr(default)
+            assert f"| {shown} |" in line, (key, shown, line)
