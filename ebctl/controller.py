@@ -135,8 +135,10 @@ class Controller:
             self.n_obs.update(float(r.running))
         if r.kv_total > 0:
             self.kv_total = r.kv_total
-        if r.max_running > 0:
+        if r.max_running > 0 and r.max_running != self.engine_limit:
             self.engine_limit = r.max_running
+            if self.updates == 0:  # still cold: re-issue the cold policy against the engine's real limit
+                self.policy = self._cold_policy(version=self.policy.version + 1)
         self.mixed_unavailable = r.mixed_unavailable
         if r.kind is BatchKind.PREFILL and r.decode_reqs == 0:
             self.prefill_fit.add(r.prefill_tokens, r.forward_s)

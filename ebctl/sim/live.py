@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-id", default="sim0")
     ap.add_argument("--profile", default="qwen3-8b/rtx-pro-6000")
     ap.add_argument("--workload", default="azure-conv")
-    ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--requests", type=int, default=1_000_000, help="stop after this many")
     ap.add_argument("--max-running", type=int, default=1024)
-    ap.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    ap.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:
