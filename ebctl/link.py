@@ -1,9 +1,15 @@
 """The engine's end of the bus, and the CLI's (DESIGN.md, "Failure semantics (fail open)").
 
-``EngineLink`` is what an engine embeds: ``report`` pushes one iteration without ever blocking (a bounded
+``EngineLink`` is what an engine embeds: ``report`` queues one iteration without ever blocking (a bounded
 queue; when it is full the report is dropped and counted) and ``policy(now)`` returns the newest policy
 for this engine, or None when none arrived or it expired. It works the same whether the daemon is up,
 down, restarted or never started: ZeroMQ reconnects in the background and nothing here waits for it.
+
+The engine's thread never touches a socket: ``report`` appends to a deque and ``policy`` pops from one.
+A small I/O thread owns both sockets; it waits on the policy socket in C (the GIL released) for at most
+``flush_s`` and then encodes and sends what was queued. Measured on a 2-vCPU VM, a ZeroMQ send right
+after a 10 ms idle period costs ~100 µs (it wakes ZeroMQ's own I/O thread from cold); a deque append
+costs well under a microsecond, which keeps the per-iteration hook inside its budget.
 
 ``ControlClient`` is the CLI's request/reply client; a daemon that does not answer in time raises
 ``DaemonUnreachable`` and the socket is rebuilt (the "lazy pirate" pattern), so the client never wedges.
@@ -14,9 +20,11 @@ to ``engine_id + b"\\0"``, so a policy for "dp1" never reaches "dp10".
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -75,7 +83,7 @@ class EngineLink:
 
     def __init__(self, engine_id: str, *, telemetry_endpoint: str, policy_endpoint: str, queue: int = 1000,
                  curve_client_key: str = "", curve_server_public: str = "", insecure: bool = False,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, flush_s: float = 0.005) -> None:
         if not engine_id or "\0" in engine_id or len(engine_id) > 128:
             raise ValueError(f"engine_id={engine_id!r}: 1..128 characters, no NUL")
         if queue < 1:
@@ -110,6 +118,13 @@ class EngineLink:
         self.sent = self.dropped = self.policies = 0
         self.rejected = {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0}
         self._closed = False
+        self._queue = queue
+        self._outbox: collections.deque[IterationReport] = collections.deque()
+        self._inbox: collections.deque[bytes] = collections.deque(maxlen=_POLICY_RCVHWM)
+        self._flush_ms = max(1, round(flush_s * 1000))
+        self._stop = threading.Event()
+        self._io = threading.Thread(target=self._io_loop, name=f"ebctl-link-{engine_id}", daemon=True)
+        self._io.start()
 
     @classmethod
     def from_config(cls, cfg: Config, engine_id: str) -> EngineLink:
@@ -130,29 +145,55 @@ class EngineLink:
 
     def report(self, report: IterationReport) -> bool:
         """Queue one iteration report for the daemon; False (dropped, counted) if the queue is full."""
-        try:
-            self._push.send(self._encode(report), zmq.NOBLOCK)
-        except zmq.ZMQError:  # Again: queue full (daemon slow, down or absent); anything else: closed
+        if len(self._outbox) >= self._queue or self._closed:
             self.dropped += 1
             return False
-        self.sent += 1
+        self._outbox.append(report)
         return True
 
     def policy(self, now: float) -> Policy | None:
         """The newest valid policy for this engine, or None if none arrived or it expired.
 
         ``now`` is the caller's clock (monotonic is best); a policy lives ``ttl_s`` from the ``now`` of the
-        call that received it, so the daemon's clock never enters the expiry.
+        call that first saw it, so the daemon's clock never enters the expiry.
         """
-        sub = self._sub
-        if not self._closed:
-            n = 0
-            while n < _MAX_DRAIN and sub.get(zmq.EVENTS) & zmq.POLLIN:
-                self._accept(sub.recv(), now)
-                n += 1
+        inbox = self._inbox
+        while inbox:
+            self._accept(inbox.popleft(), now)
         if self._policy is None or now >= self._expires_at:
             return None
         return self._policy
+
+    def _io_loop(self) -> None:
+        """The only code that touches the sockets: wait for policies, then send what the engine queued."""
+        sub, push, out, encode = self._sub, self._push, self._outbox, self._encode
+        while not self._stop.is_set():
+            try:
+                if sub.poll(self._flush_ms):
+                    for _ in range(_MAX_DRAIN):
+                        try:
+                            self._inbox.append(sub.recv(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                while out:
+                    try:
+                        push.send(encode(out[0]), zmq.NOBLOCK)
+                    except zmq.Again:  # ZeroMQ's queue is full too (daemon slow, down or absent)
+                        if len(out) < self._queue:
+                            break  # keep it and retry at the next flush
+                        out.popleft()
+                        self.dropped += 1
+                        continue
+                    out.popleft()
+                    self.sent += 1
+            except zmq.ZMQError as e:
+                if self._stop.is_set() or e.errno == zmq.ETERM:
+                    return
+                log.warning("engine %s: link I/O error (continuing): %s", self.engine_id, e)
+                self._stop.wait(0.1)
+            except Exception:  # never let the thread die silently; the engine keeps running regardless
+                log.exception("engine %s: link I/O thread error (continuing)", self.engine_id)
+                self._stop.wait(0.1)
 
     def _accept(self, frame: bytes, now: float) -> None:
         self.policies += 1
@@ -177,7 +218,7 @@ class EngineLink:
 
     def stats(self) -> dict[str, Any]:
         p = self._policy
-        return {"engine_id": self.engine_id, "sent": self.sent, "dropped": self.dropped,
+        return {"engine_id": self.engine_id, "sent": self.sent, "queued": len(self._outbox), "dropped": self.dropped,
                 "policies_received": self.policies, "rejected": dict(self.rejected),
                 "policy_version": None if p is None else p.version,
                 "policy_received_at": self._received_at if p else None,
@@ -188,6 +229,8 @@ class EngineLink:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        self._io.join(timeout=2.0)
         self._push.close(linger=0)
         self._sub.close(linger=0)
         if self._own_ctx:
