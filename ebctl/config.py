@@ -88,6 +88,20 @@ _DAEMON_SPECS: dict[str, Spec] = {
     "log_level": Spec(str, "daemon log level", choices=("debug", "info", "warning", "error")),
 }
 
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the SGLang plugin (sglang_patch) reads at start-up in each scheduler process."""
+
+    force_version: bool = False  # run the plugin on an sglang version it was not tested with
+    fault: str = ""  # test switch: "HOOK:N" raises inside that hook's ebctl work at its N-th call
+
+
+_ENGINE_SPECS: dict[str, Spec] = {
+    "force_version": Spec(bool, "run the SGLang plugin on an sglang version it was not tested with"),
+    "fault": Spec(str, "tests only: 'HOOK:N' makes the plugin raise in that hook at its N-th call; empty: never"),
+}
+
 _CONTROLLER_SPECS: dict[str, Spec] = {
     "mode": Spec(str, "eb: EB(k*, N*); eb+: Eq. 8 picks eb or mb; mb: mixed; off: stock engine",
                  choices=("eb", "eb+", "mb", "off")),
@@ -124,13 +138,15 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
 }
 
 SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},
-                          **{f"controller.{k}": v for k, v in _CONTROLLER_SPECS.items()}}
+                          **{f"controller.{k}": v for k, v in _CONTROLLER_SPECS.items()},
+                          **{f"engine.{k}": v for k, v in _ENGINE_SPECS.items()}}
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     controller: ControllerParams = field(default_factory=ControllerParams)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     path: str = ""  # the file it came from ("" = none)
 
     def endpoint(self, which: str) -> str:
@@ -144,7 +160,7 @@ class Config:
 
     def with_updates(self, updates: dict[str, Any]) -> Config:
         """A new Config with ``{"section.key": value}`` applied (strings are parsed); validated whole."""
-        by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}}
+        by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}, "engine": {}}
         for key, raw in updates.items():
             spec = SPECS.get(key)
             if spec is None:
@@ -152,7 +168,8 @@ class Config:
             section, name = key.split(".", 1)
             by_section[section][name] = coerce(key, raw)
         cfg = Config(daemon=dataclasses.replace(self.daemon, **by_section["daemon"]),
-                     controller=dataclasses.replace(self.controller, **by_section["controller"]), path=self.path)
+                     controller=dataclasses.replace(self.controller, **by_section["controller"]),
+                     engine=dataclasses.replace(self.engine, **by_section["engine"]), path=self.path)
         cfg.check()
         return cfg
 
@@ -170,7 +187,8 @@ class Config:
                               "policies would expire between re-sends; allowed: republish_s < ttl_s")
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {"daemon": dataclasses.asdict(self.daemon), "controller": dataclasses.asdict(self.controller)}
+        return {"daemon": dataclasses.asdict(self.daemon), "controller": dataclasses.asdict(self.controller),
+                "engine": dataclasses.asdict(self.engine)}
 
 
 def coerce(key: str, raw: Any) -> Any:
@@ -215,8 +233,8 @@ def from_toml(text: str, *, path: str = "") -> Config:
         raise ConfigError(f"not valid TOML{where}: {e}") from e
     updates: dict[str, Any] = {}
     for section, table in doc.items():
-        if section not in ("daemon", "controller") or not isinstance(table, dict):
-            raise ConfigError(f"unknown section [{section}]{where}: allowed: [daemon], [controller]")
+        if section not in ("daemon", "controller", "engine") or not isinstance(table, dict):
+            raise ConfigError(f"unknown section [{section}]{where}: allowed: [daemon], [controller], [engine]")
         for k, v in table.items():
             updates[f"{section}.{k}"] = v
     try:

@@ -1,9 +1,53 @@
-"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``ebctl``).
+"""SGLang plugin of ebctl: entry point ``ebctl`` in the group ``sglang.srt.plugins`` (pyproject.toml).
 
-Placeholder until the plugin issue lands: ``register()`` installs no hook, so an SGLang server with
-``SGLANG_PLUGINS=ebctl`` behaves exactly as stock.
+Enabled with ``SGLANG_PLUGINS=ebctl`` (``ebctl start --engine sglang`` sets it, with ``EBCTL_CONFIG``).
+SGLang runs :func:`register` in every process it starts (launcher, scheduler per rank, detokenizer); it
+only registers hooks (``hooks.py``). The config is read and the sockets opened lazily, on the first hook
+call inside a scheduler. Design and fail-open rules: DESIGN.md; hook points: tools/sglang_cpu/HOOKS.md.
 """
+
+from __future__ import annotations
+
+import logging
+import os
+
+TESTED_SGLANG = "0.5.23"  # the hook points were read from and tested against this release only
+
+log = logging.getLogger("ebctl.sglang")
 
 
 def register() -> None:
-    """Called by SGLang's ``load_plugins()`` in each scheduler process. Installs nothing yet."""
+    """Install the hooks, unless this sglang is not the tested one (then stock, one warning) and the
+    config does not say ``engine.force_version = true``."""
+    version = sglang_version()
+    if version != TESTED_SGLANG:
+        if not _forced():
+            log.warning("ebctl: sglang %s is not the version this plugin was tested with (%s): no hooks "
+                        "installed, sglang runs stock. Set engine.force_version = true in the ebctl config "
+                        "to run the plugin anyway.", version, TESTED_SGLANG)
+            return
+        log.warning("ebctl: sglang %s is not the tested %s; engine.force_version = true: hooks installed",
+                    version, TESTED_SGLANG)
+    from sglang_patch.hooks import install
+
+    install()
+
+
+def sglang_version() -> str:
+    try:
+        import sglang
+
+        return str(sglang.__version__)
+    except Exception:
+        return "unknown"
+
+
+def _forced() -> bool:
+    """engine.force_version from the config (read only on a version mismatch); False if unreadable."""
+    try:
+        from ebctl import config
+
+        return config.load(os.environ.get("EBCTL_CONFIG") or None).engine.force_version
+    except Exception:
+        log.warning("ebctl: cannot read the ebctl config to check engine.force_version", exc_info=True)
+        return False

@@ -1,0 +1,146 @@
+"""Where ebctl touches SGLang: every hook target in one constant, each hook a few lines (STYLE.md 9).
+
+``STATE.ns`` adds up the time spent in the ebctl parts of an iteration (``perf_counter_ns``, status:
+``hook_ns``); the one-line parts of ``allocatable`` and ``run_batch`` are left out (timing them would cost
+more than they do; tools/bench_hook.py's warm replay times every hook whole).
+
+All hooks are AROUND hooks on ``Scheduler`` methods (tools/sglang_cpu/HOOKS.md says why each one). A hook
+calls the original exactly once, with the arguments it was given, and asks ``STATE`` (one
+:class:`~sglang_patch.state.PluginState` per process) for the ebctl part. sglang catches nothing a hook
+raises (the scheduler, and with it the server, would die), so every ebctl part runs under ``try``: any
+exception switches the plugin off in this process (logged once, stock settings restored) and the hook
+returns what the original returned.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter, perf_counter_ns
+from typing import Final
+
+from sglang_patch.state import PluginState
+
+SCHEDULER: Final = "sglang.srt.managers.scheduler.Scheduler"
+
+HOOK_TARGETS: Final[dict[str, str]] = {
+    "next_batch": f"{SCHEDULER}.get_next_batch_to_run",  # read + apply the policy; note the planned step
+    "defer_prefill": f"{SCHEDULER}._should_defer_prefill",  # the gate: may a prefill form now?
+    "allocatable": f"{SCHEDULER}.get_num_allocatable_reqs",  # admission cap: n_max running
+    "run_batch": f"{SCHEDULER}.run_batch",  # forward time where run_batch is synchronous (CPU)
+    "batch_result": f"{SCHEDULER}.process_batch_result",  # report the step and its finished requests
+    "abort_output": f"{SCHEDULER}.send_abort_output",  # requests ended outside the output stream
+    "internal_state": f"{SCHEDULER}.get_internal_state",  # status in GET /server_info
+}
+
+STATE = PluginState()
+
+
+def next_batch(original, sched, *args, **kwargs):
+    st = STATE
+    if st.on:
+        t = perf_counter_ns()
+        try:
+            st.begin_step(sched)
+        except Exception:
+            st.fail("next_batch", sched)
+        st.ns += perf_counter_ns() - t
+    plan = original(sched, *args, **kwargs)
+    if st.on:
+        t = perf_counter_ns()
+        try:
+            st.end_step(sched, plan)
+        except Exception:
+            st.fail("next_batch", sched)
+        st.ns += perf_counter_ns() - t
+    return plan
+
+
+def defer_prefill(original, sched, running_batch, *args, **kwargs):
+    stock = original(sched, running_batch, *args, **kwargs)
+    st = STATE
+    if stock or st.gate_policy is None:  # stock defers (--prefill-decode-interval), or no policy: stock
+        return stock
+    t = perf_counter_ns()
+    try:
+        stock = st.defer(sched, running_batch)
+    except Exception:
+        st.fail("defer_prefill", sched)
+    st.ns += perf_counter_ns() - t
+    return stock
+
+
+def allocatable(original, sched, running_bs, *args, **kwargs):
+    n = original(sched, running_bs, *args, **kwargs)
+    st = STATE
+    if st.cap is None:
+        return n
+    try:
+        return st.allocatable(running_bs, n)
+    except Exception:
+        st.fail("allocatable", sched)
+    return n
+
+
+def run_batch(original, sched, batch, *args, **kwargs):
+    st = STATE
+    if not (st.on and st.sync_forward):
+        return original(sched, batch, *args, **kwargs)
+    t = perf_counter()
+    result = original(sched, batch, *args, **kwargs)
+    try:
+        st.ran(batch, perf_counter() - t)
+    except Exception:
+        st.fail("run_batch", sched)
+    return result
+
+
+def batch_result(original, sched, batch, result, *args, **kwargs):
+    st = STATE
+    if st.on and not st.sync_forward:  # GPU: the forward's end is when its results are ready
+        t = perf_counter_ns()
+        try:
+            st.before_result(result)
+        except Exception:
+            st.fail("batch_result", sched)
+        st.ns += perf_counter_ns() - t
+    out = original(sched, batch, result, *args, **kwargs)
+    if st.on:
+        t = perf_counter_ns()
+        try:
+            st.after_result(sched, batch)
+        except Exception:
+            st.fail("batch_result", sched)
+        st.ns += perf_counter_ns() - t
+    return out
+
+
+def abort_output(original, sched, abort_req, req, *args, **kwargs):
+    out = original(sched, abort_req, req, *args, **kwargs)
+    st = STATE
+    if st.on:
+        try:
+            st.aborted(req)
+        except Exception:
+            st.fail("abort_output", sched)
+    return out
+
+
+def internal_state(original, sched, *args, **kwargs):
+    out = original(sched, *args, **kwargs)
+    try:
+        out.internal_state["ebctl"] = STATE.status(sched)
+    except Exception:
+        STATE.fail("internal_state", sched)
+    return out
+
+
+HOOKS: Final = {"next_batch": next_batch, "defer_prefill": defer_prefill, "allocatable": allocatable,
+                "run_batch": run_batch, "batch_result": batch_result, "abort_output": abort_output,
+                "internal_state": internal_state}
+
+
+def install() -> None:
+    """Register every hook with SGLang's HookRegistry (applied by ``load_plugins`` right after)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for name, target in HOOK_TARGETS.items():
+        HookRegistry.register(target, HOOKS[name], HookType.AROUND)

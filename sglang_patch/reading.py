@@ -1,0 +1,109 @@
+"""Read what a report needs from sglang 0.5.23's objects (tools/sglang_cpu/HOOKS.md, sections 2-5).
+
+Plain functions of the objects they are given; nothing here writes to sglang or keeps state. What the
+reports read is here; the few Scheduler attributes the control reads or sets (``is_mixed_chunk``,
+``chunked_prefill_size``, ``chunked_req``, ``waiting_queue``, ``running_batch.batch_is_full``,
+``forward_ct``, ``max_running_requests``, ``device``) are named in state.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ebctl.protocol import BatchKind, FinishedRequest
+
+HEALTH_CHECK_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants.HEALTH_CHECK_RID_PREFIX: not user traffic
+
+# type(req.finished_reason).__name__ -> FinishedRequest.finish_reason (schedule_batch.py:279-345)
+_REASONS = {"FINISH_MATCHED_TOKEN": "stop", "FINISH_MATCHED_STR": "stop", "FINISHED_MATCHED_REGEX": "stop",
+            "FINISH_LENGTH": "length", "FINISH_ABORT": "abort"}
+
+
+def batch_kinds() -> dict[Any, BatchKind]:
+    """``ForwardMode`` → the kind a report gives it; modes not listed (PREBUILT, DRAFT_EXTEND_V2) run no
+    forward of their own and are not reported."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode as M
+
+    return {M.EXTEND: BatchKind.PREFILL, M.SPLIT_PREFILL: BatchKind.PREFILL, M.DLLM_EXTEND: BatchKind.PREFILL,
+            M.MIXED: BatchKind.MIXED, M.DECODE: BatchKind.DECODE, M.TARGET_VERIFY: BatchKind.DECODE,
+            M.IDLE: BatchKind.IDLE}
+
+
+def batch_shape(batch: Any, kind: BatchKind) -> tuple[int, int, int, int]:
+    """(prefill requests, prefill tokens, decode requests, decode context tokens) of an executed batch.
+
+    MIXED: ``mix_with_running`` appends the decode rows after the prefill rows and one token per decode
+    row to ``extend_num_tokens``; ``seq_lens_cpu`` already counts the token being produced.
+    """
+    bs = len(batch.reqs)
+    if kind is BatchKind.DECODE:
+        return 0, 0, bs, _total(batch.seq_lens_cpu)
+    if kind is BatchKind.IDLE:
+        return 0, 0, 0, 0
+    n_dec = len(batch.decoding_reqs or ()) if kind is BatchKind.MIXED else 0
+    tokens = (batch.extend_num_tokens or 0) - n_dec
+    ctx = _total(batch.seq_lens_cpu[-n_dec:]) if n_dec and batch.seq_lens_cpu is not None else 0
+    return bs - n_dec, max(tokens, 0), n_dec, ctx
+
+
+def _total(lens: Any) -> int:
+    """Sum of a small CPU int tensor: through a list below ~100 entries (5x cheaper there), else torch."""
+    if lens is None:
+        return 0
+    return sum(lens.tolist()) if len(lens) < 96 else int(lens.sum())
+
+
+def occupancy(plan: Any) -> int:
+    """Requests holding a running slot in the step just planned: the running batch, plus the batch to run
+    when it is not the running batch itself (a prefill's new requests; a MIXED step, whose running batch
+    was handed over whole and is empty)."""
+    batch, running = plan.batch_to_run, plan.running_batch
+    n = len(running.reqs)
+    if batch is not None and batch is not running:
+        n += len(batch.reqs)
+    return n
+
+
+def kv_tokens(sched: Any) -> tuple[int, int]:
+    """(used, total) KV tokens, as sglang's "token usage" log counts them (evictable cache is free)."""
+    total = sched.max_total_num_tokens
+    free = sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size()
+    return max(total - free, 0), total
+
+
+def finished_request(req: Any) -> FinishedRequest | None:
+    """The report entry of a request that ended; None for sglang's own health checks."""
+    rid = req.rid
+    if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_PREFIX):
+        return None
+    out = req.finished_len if req.finished_len is not None else len(req.output_ids)
+    fr = req.finished_reason
+    reason = "abort" if fr is None else _REASONS.get(type(fr).__name__) or _reason_json(fr)
+    ts = req.time_stats
+    first = ts.prefill_finished_time
+    start = ts.scheduler_recv_time or ts.wait_queue_entry_time
+    ttft = first - start if first > 0.0 and start > 0.0 else math.nan
+    return FinishedRequest(len(req.origin_input_ids), out, reason, ttft)
+
+
+def _reason_json(fr: Any) -> str:
+    try:
+        return str(fr.to_json().get("type") or "stop")
+    except Exception:
+        return "stop"
+
+
+def ranks() -> tuple[int, int, int]:
+    """(dp rank, attention-TP rank, width of the group that must take identical scheduling decisions).
+
+    The dp rank is sglang's ``dp_rank`` (None without a DP controller), else the attention-DP rank (DP
+    attention inside one TP group: each rank schedules its own requests), else 0. Attention-TP/CP and PP
+    ranks run one scheduler each over the same requests and must form identical batches.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    p = get_parallel()
+    dp = p.dp_rank if p.dp_rank is not None else (getattr(p, "attn_dp_rank", 0) or 0)
+    width = int(p.attn_tp_size or 1) * int(getattr(p, "attn_cp_size", 1) or 1) * int(p.pp_size or 1)
+    return int(dp), int(p.attn_tp_rank or 0), width

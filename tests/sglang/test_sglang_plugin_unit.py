@@ -1,0 +1,239 @@
+"""The hooks call by call, with stand-ins for sglang's objects (no sglang needed, runs everywhere).
+
+What is proven here, for every hook: with no policy, an expired one or ``off``, the hook returns exactly
+what the original returned, calls it exactly once with the same arguments, and changes no sglang
+setting (the "off = stock" promise); an exception in the ebctl part calls the original exactly once
+anyway, logs once with the traceback, restores the launch settings and leaves the plugin off.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from fakes import Original, Sched, batch, new_state, req
+
+from ebctl.protocol import Mode, Policy
+from sglang_patch import hooks, state
+from sglang_patch.state import PluginState
+
+
+@pytest.fixture
+def st(monkeypatch) -> PluginState:
+    monkeypatch.setattr(state, "POLICY_POLL_S", 0.0)  # read the policy at every step, however close
+    s = new_state()
+    monkeypatch.setattr(hooks, "STATE", s)
+    return s
+
+
+def eb(**kw) -> Policy:
+    return Policy(engine_id="dp0", version=3, mode=kw.pop("mode", Mode.EB), k=kw.pop("k", 4),
+                  n_max=kw.pop("n_max", 8), max_defer_s=1000.0, **kw)
+
+
+def call_each_hook(sched):
+    """Every hook once, with its original: (name, original, result, positional args after sched)."""
+    plan = SimpleNamespace(batch_to_run=batch([req()], forward_iter=1), running_batch=sched.running_batch)
+    state_out = SimpleNamespace(internal_state={})
+    cases = [("next_batch", Original(plan), (), {"running_batch": sched.running_batch, "last_batch": None}),
+             ("defer_prefill", Original(False), (sched.running_batch,), {}),
+             ("allocatable", Original(11), (3,), {"running_batch": sched.running_batch}),
+             ("run_batch", Original("result"), (plan.batch_to_run,), {}),
+             ("batch_result", Original(None), (plan.batch_to_run, "result"), {}),
+             ("abort_output", Original(None), ("abort", req("a", done=False)), {}),
+             ("internal_state", Original(state_out), ("recv",), {})]
+    out = []
+    for name, orig, args, kwargs in cases:
+        res = hooks.HOOKS[name](orig, sched, *args, **kwargs)
+        out.append((name, orig, res, args, kwargs))
+    return out
+
+
+def settings(sched):
+    return sched.is_mixed_chunk, sched.running_batch.batch_is_full, len(sched.waiting_queue)
+
+
+@pytest.mark.parametrize("policy", [None, eb(mode=Mode.OFF)], ids=["no policy", "off"])
+def test_without_a_policy_every_hook_is_pass_through(st, policy):
+    st.link.p = policy
+    sched = Sched()
+    before = settings(sched)
+    for name, orig, res, args, kwargs in call_each_hook(sched):
+        assert orig.calls == [((sched, *args), kwargs)], name  # once, the same arguments
+        assert res is orig.value, name  # the original's result, untouched
+    assert settings(sched) == before
+    assert st.cap is None and st.gate_policy is None and st.defers == st.capped == 0
+    assert st.version == (-1 if policy is None else 3)
+
+
+def test_defer_prefill_keeps_a_stock_deferral(st):
+    st.link.p = eb()
+    sched = Sched()
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    assert hooks.defer_prefill(Original(True), sched, batch([req()] * 2)) is True  # --prefill-decode-interval
+
+
+def test_eb_defers_below_k_free_slots_and_caps_at_n_max(st):
+    st.link.p = eb()
+    sched = Sched(is_mixed_chunk=True)
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    defer = lambda running: hooks.defer_prefill(Original(False), sched, batch([req()] * running))  # noqa: E731
+    assert defer(6) is True  # 2 free < k = 4, requests waiting: keep decoding
+    assert sched.is_mixed_chunk is False  # eb: no mixing this step
+    assert defer(4) is False  # 4 free = k: refill
+    assert defer(5) is False  # refill goes on until the slots are full
+    assert defer(8) is True  # full
+    assert defer(0) is False  # nothing runs: always admit
+    sched.chunked_req = req("chunk")
+    assert defer(6) is False  # a chunked prefill in flight must go on
+    assert hooks.allocatable(Original(10), sched, 6) == 2  # n_max 8 - 6 running
+    assert hooks.allocatable(Original(1), sched, 6) == 1  # sglang's own budget is smaller
+    assert st.defers == 2 and st.capped == 1
+
+
+def test_mb_mixes(st):
+    st.link.p = eb(mode=Mode.MB)
+    sched = Sched()
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is False
+    assert sched.is_mixed_chunk is True and st.mixed_unavailable is False
+
+
+
+def test_mb_on_a_server_that_cannot_mix_is_eb_and_says_so(st):
+    st.link.p = eb(mode=Mode.MB)
+    sched = Sched(chunked_prefill_size=None)  # launched with --chunked-prefill-size -1
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    assert st.mixed_unavailable is True and st.gate_policy.mode is Mode.EB
+    assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is True  # eb with k = 4
+    assert sched.is_mixed_chunk is False
+
+
+def test_a_raised_cap_or_no_policy_reopens_admission_and_restores_mixing(st):
+    st.link.p = eb(n_max=8, mode=Mode.MB)
+    sched = Sched()
+    step = lambda: hooks.next_batch(  # noqa: E731
+        Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    step()
+    hooks.defer_prefill(Original(False), sched, batch([req()] * 3))
+    assert sched.is_mixed_chunk is True
+    sched.running_batch.batch_is_full = True  # sglang closed admission at our cap
+    st.link.p = eb(n_max=6, mode=Mode.MB)
+    step()
+    assert sched.running_batch.batch_is_full is True  # a lower cap keeps it shut
+    st.link.p = eb(n_max=12, mode=Mode.MB)
+    step()
+    assert sched.running_batch.batch_is_full is False  # the flag is sticky in sglang: reopened
+    sched.running_batch.batch_is_full = True
+    st.link.p = None  # expired
+    step()
+    assert sched.running_batch.batch_is_full is False and sched.is_mixed_chunk is False and st.cap is None
+
+
+FAULTS = ["next_batch", "defer_prefill", "allocatable", "run_batch", "batch_result", "abort_output"]
+
+
+@pytest.mark.parametrize("hook", [*FAULTS, "internal_state"])
+def test_an_exception_in_a_hook_calls_the_original_once_and_turns_the_plugin_off(st, hook, caplog, monkeypatch):
+    st.link.p = eb(mode=Mode.MB)
+    sched = Sched()
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    hooks.defer_prefill(Original(False), sched, batch([req()] * 3))
+    assert sched.is_mixed_chunk is True and st.cap == 8
+    sched.running_batch.batch_is_full = True
+    if hook == "internal_state":
+        monkeypatch.setattr(st, "status", lambda s: 1 / 0)
+    else:
+        st.fault_hook, st.fault_at = hook, 1
+    caplog.set_level(logging.ERROR, logger="ebctl.sglang")
+    results = {name: (orig, res, args, kwargs) for name, orig, res, args, kwargs in call_each_hook(sched)}
+    orig, res, args, kwargs = results[hook]
+    assert orig.calls == [((sched, *args), kwargs)]  # exactly once, with the original arguments
+    assert res is orig.value
+    assert not st.on and st.error == f"exception in hook {hook}"
+    assert sched.is_mixed_chunk is False and sched.running_batch.batch_is_full is False and st.cap is None
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None and "plugin is now OFF" in errors[0].getMessage()
+    assert st.link.closed
+    # from then on: stock, silent
+    sched.is_mixed_chunk = "launch"
+    for name, orig, res, args, kwargs in call_each_hook(sched):
+        assert orig.calls == [((sched, *args), kwargs)] and res is orig.value, name
+    assert sched.is_mixed_chunk == "launch"
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+
+
+def run_step(sched, b, plan_running):
+    """One planned-and-processed step through the hooks, as an event loop does it."""
+    plan = SimpleNamespace(batch_to_run=b, running_batch=plan_running)
+    hooks.next_batch(Original(plan), sched)
+    sched.forward_ct += 1
+    b.forward_iter = sched.forward_ct
+    hooks.run_batch(Original("res"), sched, b)
+    hooks.batch_result(Original(None), sched, b, "res")
+
+
+def test_reports_carry_the_batch_shape_and_each_completion_exactly_once(st):
+    sched = Sched()
+    r1, r2, hc = req("a", n_in=7), req("b", n_in=9), req("HEALTH_CHECK_1")
+    prefill = batch([r1, r2, hc], mode="EXTEND", ext=19)
+    running = batch([])
+    run_step(sched, prefill, running)
+    r1.finished_output, r1.finished_reason = True, type("FINISH_MATCHED_TOKEN", (), {})()
+    hc.finished_output, hc.finished_reason = True, type("FINISH_LENGTH", (), {})()
+    dec = batch([r1, r2], mode="DECODE", lens=[8, 11])
+    run_step(sched, dec, dec)
+    dec2 = batch([r1, r2], mode="DECODE", lens=[9, 12])  # overlap: a finished request shows up once more
+    run_step(sched, dec2, dec2)
+    hooks.abort_output(Original(None), sched, "abort", req("q", n_out=0))  # aborted in the queue
+    hooks.abort_output(Original(None), sched, "abort", r1)  # already reported: not again
+    r2.finished_output, r2.finished_reason, r2.finished_len = True, type("FINISH_ABORT", (), {})(), 3
+    mixed = batch([req("c"), r2], mode="MIXED", decoding=[r2], ext=11, lens=[10, 13])
+    run_step(sched, mixed, batch([]))
+    sent = st.link.sent
+    assert [r.kind for r in sent] == ["prefill", "decode", "decode", "mixed"]
+    assert (sent[0].prefill_reqs, sent[0].prefill_tokens, sent[0].running) == (3, 19, 3)
+    assert (sent[1].decode_reqs, sent[1].decode_ctx_tokens, sent[1].running) == (2, 19, 2)
+    assert (sent[3].prefill_reqs, sent[3].prefill_tokens, sent[3].decode_reqs, sent[3].decode_ctx_tokens) == \
+        (1, 10, 1, 13)
+    finished = [(f.input_len, f.output_len, f.finish_reason) for r in sent for f in r.finished]
+    assert finished == [(7, 5, "stop"), (10, 0, "abort"), (9, 3, "abort")]
+    assert all(r.forward_s >= 0 and r.engine_id == "dp0" and r.max_running == 16 for r in sent)
+    assert [r.seq for r in sent] == [0, 1, 2, 3]
+    assert sent[1].finished[0].ttft_s == pytest.approx(0.5)
+
+
+def test_an_idle_step_after_work_is_reported_once(st):
+    sched = Sched(waiting_queue=[])
+    idle = SimpleNamespace(batch_to_run=None, running_batch=batch([]))
+    run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)
+    hooks.next_batch(Original(idle), sched)
+    hooks.next_batch(Original(idle), sched)
+    assert [r.kind for r in st.link.sent] == ["decode", "idle"]
+
+
+@pytest.mark.parametrize(("ranks", "node", "engine_id", "control", "reporting"), [
+    ((0, 0, 1), "", "dp0", True, True),
+    ((3, 0, 1), "gpu-node-7", "gpu-node-7/dp3", True, True),
+    ((1, 0, 2), "", "dp1", False, True),  # attention TP 2: the two ranks must decide alike: report only
+    ((1, 1, 2), "", "dp1", False, False),  # the second rank of that group: silent
+])
+def test_start_names_the_engine_and_steers_only_a_sole_scheduler(monkeypatch, tmp_path, caplog, ranks, node,
+                                                                 engine_id, control, reporting):
+    cfg = tmp_path / "ebctl.toml"
+    cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\nnode = "{node}"\n')
+    monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
+    monkeypatch.setattr(state.reading, "ranks", lambda: ranks)
+    monkeypatch.setattr(state.reading, "batch_kinds", lambda: {})
+    s = PluginState()
+    caplog.set_level(logging.INFO, logger="ebctl.sglang")
+    s.start(Sched(is_mixed_chunk=True, chunked_prefill_size=None, max_running_requests=48, device="cuda"))
+    try:
+        assert (s.engine_id, s.control, s.reporting) == (engine_id, control, reporting)
+        assert (s.launch_mixed, s.mixed_unavailable, s.max_running, s.sync_forward) == (True, True, 48, False)
+        assert (s.link is not None) == reporting
+        assert ("only reports" in caplog.text) == (not control)
+    finally:
+        if s.link is not None:
+            s.link.close()

@@ -1,0 +1,101 @@
+"""``ebctl start --engine sglang -- <sglang args>``: the product's way in. It starts the daemon, then
+``python -m sglang.launch_server`` with SGLANG_PLUGINS=ebctl and EBCTL_CONFIG; the engine reports and
+obeys; Ctrl-C (SIGINT) stops both and leaves no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from harness import ONE_TORCH_CORE, free_port, post_json, server_env, wait_for
+
+from ebctl.link import ControlClient, DaemonUnreachable
+
+pytestmark = pytest.mark.sglang
+
+TINY_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+             "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
+             "--sleep-on-idle"]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (our unique EBCTL_CONFIG path)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes():
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def status(endpoint: str) -> dict | None:
+    try:
+        with ControlClient(endpoint, timeout_s=1.0) as c:
+            r = c.request("status")
+    except DaemonUnreachable:
+        return None
+    return r.data if r.ok else None
+
+
+def test_ebctl_start_runs_daemon_and_sglang_and_ctrl_c_stops_both(sglang_venv, tiny_model, workdir):
+    rt = workdir / "rt"
+    port = free_port()
+    marker = f"EBCTL_CONFIG={rt / 'start.toml'}"
+    cmd = [str(sglang_venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt),
+           "--set", "controller.cold_mode=eb", "--set", "controller.k_override=4",
+           "--set", "controller.n_override=8", "--set", "daemon.republish_s=0.2", "--set", "controller.ttl_s=1.5",
+           "start", "--engine", "sglang", "--",
+           "--model-path", str(tiny_model), "--host", "127.0.0.1", "--port", str(port), *TINY_ARGS]
+    env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+    env.update(ONE_TORCH_CORE)
+    log = open(workdir / "start.log", "wb")  # noqa: SIM115 -- closed below
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, (workdir / "start.log").read_text()[-3000:]
+            with contextlib.suppress(OSError):
+                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+                          timeout=10)
+                return True
+            return False
+        wait_for(healthy, 240, "sglang under ebctl start to serve", interval=1.0)
+        control = f"ipc://{rt / 'control.sock'}"
+        eng = wait_for(lambda: (status(control) or {}).get("engines", {}).get("dp0"), 30,
+                       "the daemon to list the engine")
+        assert eng["reports"] > 0 and eng["mode"] == "eb" and (eng["k"], eng["n_max"]) == (4, 8)
+        with urllib.request.urlopen(f"{url}/server_info", timeout=30) as r:
+            st = json.loads(r.read())["internal_states"][0]["ebctl"]
+        assert st["enabled"] and st["mode"] == "eb" and st["engine_id"] == "dp0"
+        assert len(processes_with(marker)) >= 3  # sglang launcher, scheduler, detokenizer (+ the daemon)
+
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C does: the foreground process gets SIGINT
+        rc = proc.wait(90)
+        assert rc == 0, (workdir / "start.log").read_text()[-3000:]
+        wait_for(lambda: not processes_with(marker), 15, "every process of ebctl start to exit")
+        assert status(control) is None
+        assert not (rt / "start.toml").exists()
+    finally:
+        log.close()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        for pid in processes_with(marker):  # only processes carrying our unique runtime dir
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
