@@ -221,6 +221,10 @@ class Daemon:
             new = self.cfg.with_updates(updates)
         except ConfigError as e:
             return ControlReply(ok=False, error=f"{e}; nothing changed")
+        engine_side = sorted(k for k in updates if k.startswith("engine."))
+        if engine_side:  # read by each engine's plugin at its start, never sent over the bus
+            return ControlReply(ok=False, error=f"{', '.join(engine_side)}: read by the engines at start-up, "
+                                "not by the daemon (edit the config and restart the engine); nothing changed")
         fixed = sorted(k for k in updates if k.startswith("daemon.") and k[7:] not in LIVE_DAEMON_KEYS)
         if fixed:
             return ControlReply(ok=False, error=f"{', '.join(fixed)}: cannot change while the daemon runs "

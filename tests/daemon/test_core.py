@@ -104,13 +104,15 @@ def test_control_ops_and_errors(core, tmp):
     assert not control(core, "tune").ok
     assert "unknown key" in control(core, "tune", updates={"controller.nope": 1}).error
     assert "daemon.profile='no-such'" in control(core, "tune", updates={"daemon.profile": "no-such"}).error
+    refused = control(core, "tune", updates={"engine.force_version": "true", "controller.ttl_s": "2"})
+    assert "read by the engines at start-up" in refused.error and core.cfg.controller.ttl_s == 1.0
     assert core.cfg.daemon.profile == ""
     ok = control(core, "tune", updates={"daemon.profile": "qwen3-8b/h200", "controller.ttl_s": "3"})
     assert ok.ok and core.cost_source == "profile:qwen3-8b/h200" and core.cfg.controller.ttl_s == 3.0
     nofile = Daemon(config.load(None, {"daemon.runtime_dir": str(tmp / "x")}))
     assert "without a config file" in control(nofile, "reload").error
     assert control(core, "shutdown").ok and core._stop.is_set()
-    assert core.counters.control_errors == 5 and nofile.counters.control_errors == 1
+    assert core.counters.control_errors == 6 and nofile.counters.control_errors == 1
 
 
 def test_tune_reaches_every_controller_and_the_published_policy(core):
