@@ -24,11 +24,6 @@ ENV_SCRIPT = REPO / "tools" / "sglang_env.sh"
 REQS = REPO / "tools" / "sglang_cpu" / "requirements-cpu.txt"
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--sglang-venv", default=None, metavar="PATH",
-                     help="SGLang CPU virtualenv from tools/sglang_env.sh (default: the cached one, if built)")
-
-
 def _cached_env() -> Path | None:
     """The environment tools/sglang_env.sh would print, if it is already complete (same cache key)."""
     python = os.environ.get("EBCTL_PYTHON", "python3")
