@@ -25,6 +25,8 @@ import contextlib
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -305,6 +307,18 @@ class ControlClient:
             return decode(frames[0], ControlReply)
         except ProtocolError as e:
             return ControlReply(ok=False, error=f"bad reply from {self.endpoint}: {e}")
+
+    def wait_ready(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> None:
+        """Poll ``status`` until the daemon answers; DaemonUnreachable after ``timeout_s`` or as soon as
+        ``alive()`` says the daemon process is gone."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.request("status")
+                return
+            except DaemonUnreachable:
+                if time.monotonic() > deadline or not alive():
+                    raise
 
     def close(self) -> None:
         self._reset()

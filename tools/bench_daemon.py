@@ -32,7 +32,7 @@ import zmq
 from ebctl import config
 from ebctl.controller import Controller
 from ebctl.daemon import Daemon
-from ebctl.link import ControlClient, DaemonUnreachable
+from ebctl.link import ControlClient
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, decode, encode
 
 
@@ -80,14 +80,7 @@ def bench_sockets(n: int, engines: int) -> float:
     daemon = subprocess.Popen([sys.executable, "-m", "ebctl.daemon", "--config", str(cfg_file)])
     client = ControlClient.from_config(cfg, timeout_s=0.5)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.request("status")
-                break
-            except DaemonUnreachable:
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise
+        client.wait_ready(30, alive=lambda: daemon.poll() is None)
         push = subprocess.Popen([sys.executable, __file__, "--_sender", cfg.endpoint("telemetry"), str(n),
                                  str(engines)])
         t_first = n_first = None

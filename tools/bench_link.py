@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 
 from ebctl import config
-from ebctl.link import ControlClient, DaemonUnreachable, EngineLink
+from ebctl.link import ControlClient, EngineLink
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport
 
 
@@ -90,14 +90,7 @@ def main() -> None:
     daemon = subprocess.Popen([sys.executable, "-m", "ebctl.daemon", "--config", str(cfg_file)])
     try:
         with ControlClient.from_config(cfg, timeout_s=0.5) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    client.request("status")
-                    break
-                except DaemonUnreachable:
-                    if time.monotonic() > deadline:
-                        raise
+            client.wait_ready(30, alive=lambda: daemon.poll() is None)
             for i, (name, n, pace) in enumerate((("back to back", a.calls, 0.0), ("1 ms sleep between", n_1ms, 1e-3),
                                                  ("10 ms sleep between", n_10ms, 1e-2))):
                 with EngineLink.from_config(cfg, f"dp{i}") as link:
