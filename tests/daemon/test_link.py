@@ -194,7 +194,7 @@ def test_control_client_wait_ready_gives_up_on_a_dead_daemon(tmp):
     from ebctl.link import ControlClient, DaemonUnreachable
     client = ControlClient(f"ipc://{tmp}/nobody.sock", timeout_s=0.05)
     t = time.monotonic()
-    with pytest.raises(DaemonUnreachable, match="nobody.sock"):
+    with pytest.raises(DaemonUnreachable, match=r"nobody\.sock"):
         client.wait_ready(30, alive=lambda: False)  # the process is gone: no reason to wait 30 s
     assert time.monotonic() - t < 5
     client.close()
