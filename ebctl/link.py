@@ -41,6 +41,7 @@ from ebctl.protocol import (
     ProtocolError,
     decode,
     encode,
+    report_from_row,
 )
 
 if TYPE_CHECKING:
@@ -117,11 +118,11 @@ class EngineLink:
         self._policy: Policy | None = None
         self._received_at = 0.0
         self._expires_at = 0.0
-        self.sent = self.dropped = self.policies = 0
+        self.sent = self.dropped = self.policies = self.unencodable = 0
         self.rejected = {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0}
         self._closed = False
         self._queue = queue
-        self._outbox: collections.deque[IterationReport] = collections.deque()
+        self._outbox: collections.deque[IterationReport | tuple] = collections.deque()
         self._inbox: collections.deque[bytes] = collections.deque(maxlen=_POLICY_RCVHWM)
         self._flush_ms = max(1, round(flush_s * 1000))
         self._stop = threading.Event()
@@ -153,6 +154,15 @@ class EngineLink:
         self._outbox.append(report)
         return True
 
+    def report_row(self, row: tuple) -> bool:
+        """:meth:`report` of a plain tuple in ``protocol.REPORT_ROW`` order: the I/O thread builds the struct
+        (the SGLang plugin's path: it keeps the per-iteration hook inside its budget)."""
+        if len(self._outbox) >= self._queue or self._closed:
+            self.dropped += 1
+            return False
+        self._outbox.append(row)
+        return True
+
     def policy(self, now: float) -> Policy | None:
         """The newest valid policy for this engine, or None if none arrived or it expired.
 
@@ -178,8 +188,21 @@ class EngineLink:
                         except zmq.Again:
                             break
                 while out:
+                    item = out[0]
                     try:
-                        push.send(encode(out[0]), zmq.NOBLOCK)
+                        if type(item) is tuple:
+                            item = out[0] = report_from_row(self.engine_id, item)
+                        frame = encode(item)
+                    except Exception as e:  # an engine bug (bad row, unencodable field): drop it, never wedge
+                        out.popleft()
+                        self.dropped += 1
+                        self.unencodable += 1
+                        if self.unencodable == 1:
+                            log.warning("engine %s: a report that cannot be encoded was dropped (counted in "
+                                        "dropped; logged once): %s", self.engine_id, e)
+                        continue
+                    try:
+                        push.send(frame, zmq.NOBLOCK)
                     except zmq.Again:  # ZeroMQ's queue is full too (daemon slow, down or absent)
                         if len(out) < self._queue:
                             break  # keep it and retry at the next flush
@@ -221,7 +244,7 @@ class EngineLink:
     def stats(self) -> dict[str, Any]:
         p = self._policy
         return {"engine_id": self.engine_id, "sent": self.sent, "queued": len(self._outbox), "dropped": self.dropped,
-                "policies_received": self.policies, "rejected": dict(self.rejected),
+                "unencodable": self.unencodable, "policies_received": self.policies, "rejected": dict(self.rejected),
                 "policy_version": None if p is None else p.version,
                 "policy_received_at": self._received_at if p else None,
                 "policy_expires_at": self._expires_at if p else None}

@@ -11,7 +11,18 @@ import zmq
 from ebd_helpers import report, wait_for
 
 from ebctl.link import ControlClient, DaemonUnreachable, EngineLink, topic
-from ebctl.protocol import ControlReply, ControlRequest, Mode, Policy, decode, encode
+from ebctl.protocol import (
+    REPORT_ROW,
+    BatchKind,
+    ControlReply,
+    ControlRequest,
+    FinishedRequest,
+    IterationReport,
+    Mode,
+    Policy,
+    decode,
+    encode,
+)
 from ebctl.security import SecurityError
 
 
@@ -198,3 +209,33 @@ def test_control_client_wait_ready_gives_up_on_a_dead_daemon(tmp):
         client.wait_ready(30, alive=lambda: False)  # the process is gone: no reason to wait 30 s
     assert time.monotonic() - t < 5
     client.close()
+
+
+def test_report_rows_are_built_on_the_io_thread_and_bad_rows_never_wedge_the_queue(tmp):
+    """The SGLang plugin queues plain tuples (``report_row``); the I/O thread turns them into the same report
+    a keyword-built struct gives, and drops (counts) a row it cannot build or encode, then goes on."""
+    assert REPORT_ROW == ("seq", "wall_time", "forward_s", "kind", "prefill_reqs", "prefill_tokens", "decode_reqs",
+                          "decode_ctx_tokens", "running", "waiting", "kv_used", "kv_total", "max_running",
+                          "policy_version", "mixed_unavailable", "finished")  # the plugin's tuple order
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(f"ipc://{tmp}/t.sock")
+    link = EngineLink("e0", telemetry_endpoint=f"ipc://{tmp}/t.sock", policy_endpoint=f"ipc://{tmp}/p.sock")
+    try:
+        done = (FinishedRequest(12, 7, "length", 0.25),)
+        good = (3, 1.7e9, 0.004, BatchKind.DECODE, 0, 0, 5, 321, 5, 2, 400, 1000, 16, 7, False, done)
+        assert link.report_row((1, 2.0))  # too short
+        assert link.report_row((*good[:-1], object()))  # cannot be encoded
+        assert link.report_row(good)
+        frame = pull.recv() if pull.poll(5000) else None
+        assert frame is not None, "the good row never arrived: a bad row wedged the queue"
+        expected = IterationReport(engine_id="e0", seq=3, wall_time=1.7e9, forward_s=0.004, kind=BatchKind.DECODE,
+                                   decode_reqs=5, decode_ctx_tokens=321, running=5, waiting=2, kv_used=400,
+                                   kv_total=1000, max_running=16, policy_version=7, finished=done)
+        assert decode(frame, IterationReport) == expected
+        s = link.stats()
+        assert (s["sent"], s["dropped"], s["unencodable"]) == (1, 2, 2), s
+    finally:
+        link.close()
+        pull.close(0)
+        ctx.term()
