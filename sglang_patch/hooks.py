@@ -1,8 +1,9 @@
 """Where ebctl touches SGLang: every hook target in one constant, each hook a few lines (STYLE.md 9).
 
 ``STATE.ns`` adds up the time spent in the ebctl parts of an iteration (``perf_counter_ns``, status:
-``hook_ns``); the one-line parts of ``allocatable`` and ``run_batch`` are left out (timing them would cost
-more than they do; tools/bench_hook.py's warm replay times every hook whole).
+``hook_ns``); the one-line part of ``allocatable`` (a subtraction and a comparison, called once per
+candidate request while sglang forms a prefill) is left out: timing it would cost more than it does.
+tools/bench_hook.py's replay times every hook whole.
 
 All hooks are AROUND hooks on ``Scheduler`` methods (tools/sglang_cpu/HOOKS.md says why each one). A hook
 calls the original exactly once, with the arguments it was given, and asks ``STATE`` (one
@@ -22,7 +23,7 @@ from sglang_patch.state import PluginState
 SCHEDULER: Final = "sglang.srt.managers.scheduler.Scheduler"
 
 HOOK_TARGETS: Final[dict[str, str]] = {
-    "next_batch": f"{SCHEDULER}.get_next_batch_to_run",  # read + apply the policy; note the planned step
+    "next_batch": f"{SCHEDULER}.get_next_batch_to_run",  # note the planned step; read + apply the policy
     "defer_prefill": f"{SCHEDULER}._should_defer_prefill",  # the gate: may a prefill form now?
     "allocatable": f"{SCHEDULER}.get_num_allocatable_reqs",  # admission cap: n_max running
     "run_batch": f"{SCHEDULER}.run_batch",  # forward time where run_batch is synchronous (CPU)
@@ -37,12 +38,10 @@ STATE = PluginState()
 def next_batch(original, sched, *args, **kwargs):
     st = STATE
     if st.on:
-        t = perf_counter_ns()
         try:
-            st.begin_step(sched)
+            st.tick()
         except Exception:
             st.fail("next_batch", sched)
-        st.ns += perf_counter_ns() - t
     plan = original(sched, *args, **kwargs)
     if st.on:
         t = perf_counter_ns()
@@ -82,14 +81,16 @@ def allocatable(original, sched, running_bs, *args, **kwargs):
 
 def run_batch(original, sched, batch, *args, **kwargs):
     st = STATE
-    if not (st.on and st.sync_forward):
+    if not st.on:
         return original(sched, batch, *args, **kwargs)
     t = perf_counter()
     result = original(sched, batch, *args, **kwargs)
+    t1 = perf_counter_ns()
     try:
         st.ran(batch, perf_counter() - t)
     except Exception:
         st.fail("run_batch", sched)
+    st.ns += perf_counter_ns() - t1
     return result
 
 

@@ -21,18 +21,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from array import array
 from itertools import compress
 from operator import attrgetter
+from time import monotonic
+from time import time as wall_clock
 from typing import Any
 
 import msgspec
 
 from ebctl.gate import PhaseGate
-from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode, Policy
+from ebctl.protocol import BatchKind, FinishedRequest, Mode, Policy
 from sglang_patch import reading
-from sglang_patch.reading import batch_shape, kv_tokens, occupancy
+from sglang_patch.reading import batch_shape, occupancy
 
 log = logging.getLogger("ebctl.sglang")
 
@@ -40,10 +41,10 @@ _RING = 4  # steps between planning a batch and processing its result (overlap: 
 _FINISHED_OUTPUT = attrgetter("finished_output")  # True once sglang streamed the request's completion
 _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exactly once, whatever path
 _TIMES = 4096  # per-iteration hook costs kept for status (ns)
-# The policy socket is polled at most this often (s): policies change on a scale of seconds (republish_s,
-# ttl_s), so a new one, or an expiry, takes effect at the latest one millisecond late; below ~1 ms per
-# iteration this saves the poll's system call on most iterations.
-POLICY_POLL_S = 0.001
+# The link is asked for the newest policy at most this often (s): policies change on a scale of seconds
+# (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 5 ms late; on short (CPU)
+# iterations this skips the check on most of them.
+POLICY_POLL_S = 0.005
 
 
 class PluginState:
@@ -65,6 +66,8 @@ class PluginState:
         self.launch_mixed: bool | None = None  # the server's is_mixed_chunk at launch
         self.mixed_unavailable = False
         self.max_running = 0
+        self.kv_total = 0  # the server's KV capacity in tokens (max_total_num_tokens)
+        self._kv_used: Any = None  # () -> KV tokens in use now (reading.kv_used_reader)
         self.sync_forward = False  # run_batch returns after the forward (CPU): time it there
         self.kinds: dict[Any, BatchKind] = {}
         self.seq = 0
@@ -72,10 +75,11 @@ class PluginState:
         self.next_poll = 0.0  # monotonic time of the next policy poll
         self.t_result = 0.0  # monotonic time the last result was ready (GPU timing)
         self._t_prev = 0.0  # ... and the one before
-        self.ring_key = [-1] * _RING  # forward_iter of the step whose snapshot is in the slot
-        self.ring_running = [0] * _RING
-        self.ring_waiting = [0] * _RING
-        self.ring_run_s = [math.nan] * _RING
+        # Per planned step, slot forward_iter % _RING: [forward_iter, running, waiting, KV used (all three
+        # when the step was planned), forward seconds (CPU), seq_lens_sum right after the forward, policy
+        # version it was planned under]. One list per step: the hooks touch one object, not seven (their
+        # cost is mostly cache misses).
+        self.ring: list[list] = [[-1, 0, 0, 0, math.nan, None, -1] for _ in range(_RING)]
         self.pending: list[FinishedRequest] = []  # completions not yet sent (ended outside a reported step)
         self.iterations = self.reports = self.defers = self.capped = self.mixed_steps = self.finished = 0
         self.ns = 0  # hook work in the current iteration
@@ -102,6 +106,8 @@ class PluginState:
         self.launch_mixed = bool(sched.is_mixed_chunk)
         self.mixed_unavailable = sched.chunked_prefill_size is None
         self.max_running = int(sched.max_running_requests)
+        self.kv_total = int(sched.max_total_num_tokens)
+        self._kv_used = reading.kv_used_reader(sched)
         self.sync_forward = str(sched.device) == "cpu"
         self.kinds = reading.batch_kinds()
         if self.reporting:
@@ -148,20 +154,13 @@ class PluginState:
                 raise RuntimeError(f"ebctl: injected fault in hook {hook} (engine.fault)")
 
     # --- get_next_batch_to_run ----------------------------------------------------------------------
-    def begin_step(self, sched: Any) -> None:
-        """Before sglang plans a step: close the last iteration's timing, read and apply the policy."""
-        if not self.ready:
-            self.start(sched)
+    def tick(self) -> None:
+        """A scheduler iteration begins: close the last one's hook time (``hook_ns``; bookkeeping of the
+        measurement itself, not timed)."""
         if self.busy:
             self.times[self.n_times % _TIMES] = self.ns
             self.n_times += 1
         self.ns = 0
-        if self.fault_hook:
-            self.fault("next_batch")
-        now = time.monotonic()
-        if now >= self.next_poll:
-            self.next_poll = now + POLICY_POLL_S
-            self.refresh(sched, now)
 
     def refresh(self, sched: Any, now: float) -> None:
         """Read the newest policy (None once expired) and apply it if it changed."""
@@ -186,22 +185,32 @@ class PluginState:
             sched.running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
 
     def end_step(self, sched: Any, plan: Any) -> None:
-        """After sglang planned a step: keep what the report of its batch will need."""
+        """After sglang planned a step: keep what the report of its batch will need, then read the policy.
+
+        A new policy (or an expiry) is applied here, after the step was planned, so it governs the steps
+        planned from the next one on: one hook call per iteration instead of two, for at most one step's
+        delay on a policy that changes on a scale of seconds."""
+        if not self.ready:
+            self.start(sched)
+        if self.fault_hook:
+            self.fault("next_batch")
         self.iterations += 1
-        if self.link is None:
-            return
-        if plan.batch_to_run is None:
-            if self.busy or self.pending:
-                self._report_idle(sched, plan)
-            self.busy = False
-            return
-        self.busy = True
-        key = sched.forward_ct + 1  # run_batch numbers the batch forward_ct + 1 (forward_iter)
-        slot = key % _RING
-        self.ring_key[slot] = key
-        self.ring_running[slot] = occupancy(plan)
-        self.ring_waiting[slot] = len(sched.waiting_queue)
-        self.ring_run_s[slot] = math.nan
+        if self.link is not None:
+            if plan.batch_to_run is None:
+                if self.busy or self.pending:
+                    self._report_idle(sched, plan)
+                self.busy = False
+            else:
+                self.busy = True
+                key = sched.forward_ct + 1  # run_batch numbers the batch forward_ct + 1 (forward_iter)
+                # KV is read here, right after sglang planned the step (and checked its KV itself, so those
+                # objects are in cache): the KV the step holds, its new tokens included.
+                self.ring[key % _RING] = [key, occupancy(plan), len(sched.waiting_queue), self._kv_used(),
+                                          math.nan, None, self.version]
+        now = monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + POLICY_POLL_S
+            self.refresh(sched, now)
 
     # --- _should_defer_prefill, get_num_allocatable_reqs --------------------------------------------
     def defer(self, sched: Any, running_batch: Any) -> bool:
@@ -211,11 +220,11 @@ class PluginState:
             self.fault("defer_prefill")
         running, waiting = len(running_batch.reqs), len(sched.waiting_queue)
         kv_free = 1.0
-        if p.kv_reserve_frac > 0.0:  # with no reserve the gate's KV test always passes: skip the reads
-            used, total = kv_tokens(sched)
-            kv_free = 1.0 - used / total if total else 1.0
-        d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free, now=time.monotonic())
-        sched.is_mixed_chunk = self.launch_mixed if d.mixed is None else d.mixed
+        if p.kv_reserve_frac > 0.0 and self.kv_total:  # no reserve: the gate's KV test always passes
+            kv_free = 1.0 - self._kv_used() / self.kv_total
+        d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free, now=monotonic())
+        mixed = d.mixed
+        sched.is_mixed_chunk = self.launch_mixed if mixed is None else mixed
         if d.allow_prefill or running == 0 or sched.chunked_req is not None:
             return False
         self.defers += 1
@@ -233,13 +242,16 @@ class PluginState:
 
     # --- run_batch, process_batch_result, send_abort_output ----------------------------------------
     def ran(self, batch: Any, seconds: float) -> None:
-        """CPU: run_batch returned after the forward; keep its duration for the batch's report."""
+        """run_batch returned: keep the batch's context sum (``seq_lens_sum``, which ``ForwardBatch.init_new``
+        has just computed; the overlap loop's ``batch.copy()`` for result processing drops it) and, on CPU
+        where run_batch returns after the forward, its duration."""
         if self.fault_hook:
             self.fault("run_batch")
         key = batch.forward_iter
-        slot = key % _RING
-        if self.ring_key[slot] == key:
-            self.ring_run_s[slot] = seconds
+        e = self.ring[key % _RING]
+        if e[0] == key:
+            e[4] = seconds
+            e[5] = batch.seq_lens_sum
 
     def before_result(self, result: Any) -> None:
         """GPU: wait for the batch's results (the original does it first too) and note when they were ready."""
@@ -247,40 +259,48 @@ class PluginState:
             done = getattr(result, "copy_done", None)
             if done is not None:
                 done.synchronize()
-            self.t_result, self._t_prev = time.monotonic(), self.t_result
+            self.t_result, self._t_prev = monotonic(), self.t_result
 
     def after_result(self, sched: Any, batch: Any) -> None:
-        """The batch's results were processed: report it with the requests that finished in it."""
+        """The batch's results were processed: report it with the requests that finished in it.
+
+        The report leaves as a plain tuple (``protocol.REPORT_ROW`` order); the link's I/O thread builds the
+        struct. Every read here is an attribute, a ``len`` or a bound method looked up once at start: this is
+        the largest part of the per-iteration budget (DESIGN.md: p50 ≤ 10 µs for all hooks together)."""
         if self.fault_hook:
             self.fault("batch_result")
         if self.link is None:
             return
-        finished = self._collect(batch.reqs)
+        finished: tuple[FinishedRequest, ...] = ()
+        reqs = batch.reqs
+        for req in compress(reqs, map(_FINISHED_OUTPUT, reqs)):  # the scan runs in C: ~15 ns a request
+            if _MARK not in req.__dict__:  # once: the overlap loop shows a finished request in one more batch
+                req.__dict__[_MARK] = True
+                f = reading.finished_request(req)
+                if f is not None:
+                    finished = (*finished, f)
         kind = self.kinds.get(batch.forward_mode)
         if kind is None:  # no forward of its own (PREBUILT, ...): its completions go with the next report
             self.pending.extend(finished)
             return
         key = batch.forward_iter
-        slot = key % _RING
-        if self.ring_key[slot] == key:
-            running, waiting, run_s = self.ring_running[slot], self.ring_waiting[slot], self.ring_run_s[slot]
-        else:
-            running, waiting, run_s = len(sched.running_batch.reqs), len(sched.waiting_queue), math.nan
+        e = self.ring[key % _RING]
+        if e[0] == key:
+            _, running, waiting, kv_used, run_s, ctx, version = e
+        else:  # not planned through our hook (cannot happen in 0.5.23's loops): read what is there now
+            running, waiting, kv_used = len(sched.running_batch.reqs), len(sched.waiting_queue), self._kv_used()
+            run_s, ctx, version = math.nan, None, self.version
         if self.sync_forward:
-            forward_s = run_s if run_s == run_s else max(time.monotonic() - (batch.launch_ts or 0.0), 0.0)
+            forward_s = run_s if run_s == run_s else max(monotonic() - (batch.launch_ts or 0.0), 0.0)
         else:
             forward_s = max(self.t_result - max(batch.launch_ts or 0.0, self._t_prev), 0.0)
         if self.pending:
             finished, self.pending = (*self.pending, *finished), []
-        p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind)
-        used, total = kv_tokens(sched)
+        p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind, ctx)
         if kind is BatchKind.MIXED:
             self.mixed_steps += 1
-        self._send(IterationReport(
-            engine_id=self.engine_id, seq=self.seq, wall_time=time.time(), forward_s=forward_s, kind=kind,
-            prefill_reqs=p_reqs, prefill_tokens=p_tokens, decode_reqs=d_reqs, decode_ctx_tokens=d_ctx,
-            running=running, waiting=waiting, kv_used=used, kv_total=total, max_running=self.max_running,
-            policy_version=self.version, mixed_unavailable=self.mixed_unavailable, finished=finished))
+        self._send((self.seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
+                    kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable, finished))
 
     def aborted(self, req: Any) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
@@ -292,40 +312,26 @@ class PluginState:
             if f is not None:
                 self.pending.append(f)
 
-    def _collect(self, reqs: list) -> tuple[FinishedRequest, ...]:
-        """Requests of the batch whose completion was streamed and not yet reported (each exactly once:
-        the overlap loop shows a finished request in one more batch; the mark skips it there)."""
-        out: tuple[FinishedRequest, ...] = ()
-        for req in compress(reqs, map(_FINISHED_OUTPUT, reqs)):  # the scan runs in C: ~15 ns a request
-            if _MARK not in req.__dict__:
-                req.__dict__[_MARK] = True
-                f = reading.finished_request(req)
-                if f is not None:
-                    out = (*out, f)
-        return out
-
     def _report_idle(self, sched: Any, plan: Any) -> None:
-        used, total = kv_tokens(sched)
         finished, self.pending = tuple(self.pending), []
-        self._send(IterationReport(
-            engine_id=self.engine_id, seq=self.seq, wall_time=time.time(), forward_s=0.0, kind=BatchKind.IDLE,
-            running=len(plan.running_batch.reqs), waiting=len(sched.waiting_queue), kv_used=used, kv_total=total,
-            max_running=self.max_running, policy_version=self.version,
-            mixed_unavailable=self.mixed_unavailable, finished=finished))
+        self._send((self.seq, wall_clock(), 0.0, BatchKind.IDLE, 0, 0, 0, 0, len(plan.running_batch.reqs),
+                    len(sched.waiting_queue), self._kv_used(), self.kv_total, self.max_running, self.version,
+                    self.mixed_unavailable, finished))
 
-    def _send(self, report: IterationReport) -> None:
-        """Hand the report to the link (never blocks: a full queue drops it, counted in link.stats())."""
+    def _send(self, row: tuple) -> None:
+        """Hand a report row (``protocol.REPORT_ROW`` order, ``finished`` last) to the link; never blocks: a
+        full queue drops it, counted in link.stats()."""
         self.seq += 1
         self.reports += 1
-        if report.finished:
-            self.finished += len(report.finished)
-        self.link.report(report)
+        if row[-1]:
+            self.finished += len(row[-1])
+        self.link.report_row(row)
 
     # --- status (GET /server_info → internal_states[i]["ebctl"]) ------------------------------------
     def status(self, sched: Any) -> dict[str, Any]:
         """The plugin's state for humans and tests; refreshes the policy first (an idle engine does not)."""
         if self.on and self.ready:
-            self.refresh(sched, time.monotonic())
+            self.refresh(sched, monotonic())
         p = self.policy
         n = min(self.n_times, _TIMES)
         ns = sorted(self.times[:n])

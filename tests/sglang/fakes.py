@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ebctl.protocol import BatchKind
+from ebctl.protocol import BatchKind, report_from_row
+from sglang_patch.reading import kv_used_reader
 from sglang_patch.state import PluginState
 
 
@@ -32,10 +33,11 @@ def req(rid="r", n_in=10, n_out=5, done=False, reason="FINISH_LENGTH"):
                            finished_reason=fr, finished_output=done, time_stats=ts)
 
 
-def batch(reqs=(), mode="DECODE", decoding=None, ext=0, lens=None, forward_iter=1):
+def batch(reqs=(), mode="DECODE", decoding=None, ext=0, lens=None, forward_iter=1, lens_sum=None):
+    """``lens_sum``: sglang's ``seq_lens_sum`` (None: not computed, the plugin sums ``seq_lens_cpu``)."""
     return SimpleNamespace(reqs=list(reqs), forward_mode=mode, decoding_reqs=decoding, extend_num_tokens=ext,
-                           seq_lens_cpu=Lens(lens or [12] * len(reqs)), forward_iter=forward_iter,
-                           launch_ts=0.0, batch_is_full=False)
+                           seq_lens_cpu=Lens(lens or [12] * len(reqs)), seq_lens_sum=lens_sum,
+                           forward_iter=forward_iter, launch_ts=0.0, batch_is_full=False)
 
 
 class Sched(SimpleNamespace):
@@ -57,6 +59,10 @@ class Link:
 
     def report(self, r):
         self.sent.append(r)
+        return True
+
+    def report_row(self, row):  # what EngineLink's I/O thread does with a row
+        self.sent.append(report_from_row("dp0", row))
         return True
 
     def stats(self):
@@ -82,6 +88,7 @@ def new_state() -> PluginState:
     s = PluginState()
     s.ready, s.control, s.reporting, s.link, s.engine_id = True, True, True, Link(), "dp0"
     s.launch_mixed, s.max_running, s.sync_forward = False, 16, True
+    s.kv_total, s._kv_used = 1000, kv_used_reader(Sched())
     s.kinds = {"EXTEND": BatchKind.PREFILL, "MIXED": BatchKind.MIXED, "DECODE": BatchKind.DECODE,
                "IDLE": BatchKind.IDLE}
     return s

@@ -337,6 +337,15 @@ def check_accounting(rig: Rig, **bench_kw: Any) -> tuple[dict, list[IterationRep
     assert {f.finish_reason for f in finished} == {"length"}  # the client sends ignore_eos
     assert all(0 < f.ttft_s < 60 for f in finished)
     assert all(r.forward_s > 0 for r in reps if r.kind is not BatchKind.IDLE)
+    # The batch shape and KV read from sglang: each decode row holds its prompt (BOS included) and at most
+    # output_len tokens; the KV in use covers the decode rows (less one shared BOS token per row at most).
+    longest = bench_kw["input_len"] + bench_kw["output_len"] + 1
+    dec = [r for r in reps if r.kind is BatchKind.DECODE]
+    assert dec and all(r.prefill_reqs == 0 and r.decode_reqs >= 1 for r in dec)
+    assert all(2 * r.decode_reqs <= r.decode_ctx_tokens <= longest * r.decode_reqs for r in dec), \
+        [(r.decode_reqs, r.decode_ctx_tokens) for r in dec[:20]]
+    assert all(r.decode_ctx_tokens - r.decode_reqs <= r.kv_used <= r.kv_total for r in dec), \
+        [(r.decode_ctx_tokens, r.kv_used) for r in dec[:20]]
     return res, reps
 
 

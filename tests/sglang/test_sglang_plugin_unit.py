@@ -184,7 +184,9 @@ def test_reports_carry_the_batch_shape_and_each_completion_exactly_once(st):
     hc.finished_output, hc.finished_reason = True, type("FINISH_LENGTH", (), {})()
     dec = batch([r1, r2], mode="DECODE", lens=[8, 11])
     run_step(sched, dec, dec)
-    dec2 = batch([r1, r2], mode="DECODE", lens=[9, 12])  # overlap: a finished request shows up once more
+    # overlap: a finished request shows up once more. sglang's own seq_lens_sum is read where it is set (in
+    # sglang it equals the sum of seq_lens_cpu; 30 here only shows which one was read)
+    dec2 = batch([r1, r2], mode="DECODE", lens=[9, 12], lens_sum=30)
     run_step(sched, dec2, dec2)
     hooks.abort_output(Original(None), sched, "abort", req("q", n_out=0))  # aborted in the queue
     hooks.abort_output(Original(None), sched, "abort", r1)  # already reported: not again
@@ -195,6 +197,7 @@ def test_reports_carry_the_batch_shape_and_each_completion_exactly_once(st):
     assert [r.kind for r in sent] == ["prefill", "decode", "decode", "mixed"]
     assert (sent[0].prefill_reqs, sent[0].prefill_tokens, sent[0].running) == (3, 19, 3)
     assert (sent[1].decode_reqs, sent[1].decode_ctx_tokens, sent[1].running) == (2, 19, 2)
+    assert sent[2].decode_ctx_tokens == 30 and all(r.kv_used == 100 and r.kv_total == 1000 for r in sent)
     assert (sent[3].prefill_reqs, sent[3].prefill_tokens, sent[3].decode_reqs, sent[3].decode_ctx_tokens) == \
         (1, 10, 1, 13)
     finished = [(f.input_len, f.output_len, f.finish_reason) for r in sent for f in r.finished]
@@ -237,3 +240,15 @@ def test_start_names_the_engine_and_steers_only_a_sole_scheduler(monkeypatch, tm
     finally:
         if s.link is not None:
             s.link.close()
+
+
+def test_a_new_policy_governs_the_steps_planned_after_it_arrived(st):
+    """The policy is read after sglang planned a step (one hook call per iteration): a report says which
+    policy its step was planned under."""
+    sched = Sched()
+    run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)
+    st.link.p = eb()
+    run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)  # planned before the policy was read
+    assert st.cap == 8 and st.gate_policy is not None
+    run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)
+    assert [r.policy_version for r in st.link.sent] == [-1, -1, 3]
