@@ -35,8 +35,12 @@ class BatchKind(enum.StrEnum):
     IDLE = "idle"
 
 
-class FinishedRequest(msgspec.Struct, frozen=True, array_like=True):
-    """One completed request: what the hazard and input-length estimators consume."""
+class FinishedRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One completed request: what the hazard and input-length estimators consume.
+
+    ``gc=False`` here and on :class:`IterationReport`: numbers and strings only, so no reference cycle is
+    possible, and untracked objects do not count towards the collector's thresholds: fewer collections
+    start inside the scheduler's hooks (a generation-0 collection there costs tens of µs)."""
 
     input_len: int
     output_len: int
@@ -44,7 +48,7 @@ class FinishedRequest(msgspec.Struct, frozen=True, array_like=True):
     ttft_s: float = math.nan
 
 
-class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True):
+class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=False):
     """What one scheduler iteration did (engine → daemon), with the requests it finished."""
 
     v: int = PROTOCOL_VERSION
