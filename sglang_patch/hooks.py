@@ -48,7 +48,7 @@ def next_batch(original, sched, *args, **kwargs):
         try:
             st.end_step(sched, plan)
         except Exception:
-            st.fail("next_batch", sched)
+            st.fail("next_batch", sched, getattr(plan, "running_batch", None))
         st.ns += perf_counter_ns() - t
     return plan
 

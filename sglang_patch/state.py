@@ -118,8 +118,10 @@ class PluginState:
         log.info("ebctl: plugin active in this scheduler: engine %s, telemetry %s, policy %s", self.engine_id,
                  cfg.endpoint("telemetry"), cfg.endpoint("policy"))
 
-    def fail(self, where: str, sched: Any) -> None:
-        """Called in an ``except`` block: log once with the traceback, restore stock settings, stay off."""
+    def fail(self, where: str, sched: Any, running_batch: Any = None) -> None:
+        """Called in an ``except`` block: log once with the traceback, restore stock settings, stay off.
+        ``running_batch``: the plan's running batch when the failure is inside get_next_batch_to_run (not
+        yet ``sched.running_batch``): admission is reopened on both."""
         if not self.on:
             return
         self.on = False
@@ -130,8 +132,10 @@ class PluginState:
         try:
             if self.launch_mixed is not None:
                 sched.is_mixed_chunk = self.launch_mixed
-            if capped:
-                sched.running_batch.batch_is_full = False  # our cap may have closed admission: reopen it
+            if capped:  # our cap may have closed admission: reopen it
+                sched.running_batch.batch_is_full = False
+                if running_batch is not None:
+                    running_batch.batch_is_full = False
         except Exception:
             log.exception("ebctl: could not restore sglang's settings")
         try:
@@ -162,15 +166,17 @@ class PluginState:
             self.n_times += 1
         self.ns = 0
 
-    def refresh(self, sched: Any, now: float) -> None:
+    def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
         """Read the newest policy (None once expired) and apply it if it changed."""
         if self.control and self.link is not None:
             p = self.link.policy(now)
             if p is not self.policy:
-                self.apply(sched, p)
+                self.apply(sched, p, sched.running_batch if running_batch is None else running_batch)
 
-    def apply(self, sched: Any, p: Policy | None) -> None:
-        """A new policy object (or none): set what it asks for; only here do the settings change."""
+    def apply(self, sched: Any, p: Policy | None, running_batch: Any) -> None:
+        """A new policy object (or none): set what it asks for; only here do the settings change.
+        ``running_batch``: the batch the next step starts from (the plan's, inside get_next_batch_to_run:
+        the event loop stores it in ``sched.running_batch`` only after the hook returns)."""
         self.policy, old_cap = p, self.cap
         self.mixed_unavailable = sched.chunked_prefill_size is None
         if p is None or p.mode is Mode.OFF:
@@ -182,7 +188,7 @@ class PluginState:
             self.cap = p.n_max
         self.version = -1 if p is None else p.version
         if old_cap is not None and (self.cap is None or self.cap > old_cap):
-            sched.running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
+            running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
 
     def end_step(self, sched: Any, plan: Any) -> None:
         """After sglang planned a step: keep what the report of its batch will need, then read the policy.
@@ -205,12 +211,18 @@ class PluginState:
                 key = sched.forward_ct + 1  # run_batch numbers the batch forward_ct + 1 (forward_iter)
                 # KV is read here, right after sglang planned the step (and checked its KV itself, so those
                 # objects are in cache): the KV the step holds, its new tokens included.
-                self.ring[key % _RING] = [key, occupancy(plan), len(sched.waiting_queue), self._kv_used(),
-                                          math.nan, None, self.version]
+                e = self.ring[key % _RING]  # filled in place: no allocation (and no GC pressure) per step
+                e[0] = key
+                e[1] = occupancy(plan)
+                e[2] = len(sched.waiting_queue)
+                e[3] = self._kv_used()
+                e[4] = math.nan
+                e[5] = None
+                e[6] = self.version
         now = monotonic()
         if now >= self.next_poll:
             self.next_poll = now + POLICY_POLL_S
-            self.refresh(sched, now)
+            self.refresh(sched, now, plan.running_batch)
 
     # --- _should_defer_prefill, get_num_allocatable_reqs --------------------------------------------
     def defer(self, sched: Any, running_batch: Any) -> bool:

@@ -252,3 +252,17 @@ def test_a_new_policy_governs_the_steps_planned_after_it_arrived(st):
     assert st.cap == 8 and st.gate_policy is not None
     run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)
     assert [r.policy_version for r in st.link.sent] == [-1, -1, 3]
+
+
+def test_a_raised_cap_reopens_the_running_batch_the_plan_hands_on(st):
+    """Inside get_next_batch_to_run the step's running batch is the plan's; the event loop stores it in
+    ``sched.running_batch`` only afterwards, so that is the one whose sticky flag must be cleared."""
+    st.link.p = eb(n_max=4)
+    sched = Sched()
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    assert st.cap == 4
+    handed_on = batch([req()] * 4)
+    handed_on.batch_is_full = True  # sglang closed admission at our cap
+    st.link.p = eb(n_max=8)
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=handed_on)), sched)
+    assert st.cap == 8 and handed_on.batch_is_full is False
