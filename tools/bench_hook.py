@@ -119,10 +119,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def replay(iterations: int = 20000) -> dict:
-    """The same hook code with warm caches: each hook called in a tight loop, as one scheduler iteration
-    (decode, batch 16, a completion every 8th step), on stand-in objects (tests/sglang/fakes.py) with a
-    real EngineLink (zmq sockets in this process) and an eb policy, so the gate and the report run."""
+def replay(iterations: int = 20000, sweep_mb: int = 0) -> dict:
+    """The same hook code replayed: each hook called in a loop, as one scheduler iteration (decode, batch
+    16, a completion every 8th step), on stand-in objects (tests/sglang/fakes.py) with a real EngineLink
+    (zmq sockets in this process) and an eb policy, so the gate and the report run. ``sweep_mb`` > 0: read
+    and write a buffer of that size between iterations (untimed), so each iteration starts with cold
+    caches and TLB, as after a forward pass in a real scheduler; 0: warm caches."""
+    import numpy as np
     import zmq
     from fakes import Sched, batch, new_state, req
 
@@ -164,6 +167,12 @@ def replay(iterations: int = 20000) -> dict:
             return time.perf_counter_ns() - t0
 
         bare = {name: (lambda original, *a, **k: original(*a, **k)) for name in hooks.HOOKS}  # sglang's wrapper
+        buf = np.ones(sweep_mb * 2**20 // 8) if sweep_mb else None
+        def sweep() -> None:
+            if buf is not None:
+                buf.sum()
+                buf[::8] += 1.0  # one write per cache line
+
         times, base = [], []
         for i in range(iterations):
             if i % 8 == 0:  # one request finishes, a fresh one takes its place
@@ -171,7 +180,9 @@ def replay(iterations: int = 20000) -> dict:
                 done.finished_output, done.finished_reason = True, type("FINISH_LENGTH", (), {})()
                 reqs[i % 16] = req(f"n{i}", n_in=64)
                 dec.reqs = list(reqs)
+            sweep()
             times.append(step(hooks.HOOKS))
+            sweep()
             base.append(step(bare))
         assert st.on and st.reports == iterations and st.policy is not None, (st.on, st.reports, st.error)
         link.close()
@@ -181,7 +192,7 @@ def replay(iterations: int = 20000) -> dict:
     times.sort()
     base.sort()
     floor = base[len(base) // 2]  # the same calls through a do-nothing hook: the loop's own cost
-    return {"iterations": iterations, "p50_us": (times[len(times) // 2] - floor) / 1e3,
+    return {"iterations": iterations, "sweep_mb": sweep_mb, "p50_us": (times[len(times) // 2] - floor) / 1e3,
             "p99_us": (times[(99 * len(times)) // 100] - floor) / 1e3, "max_us": (times[-1] - floor) / 1e3,
             "floor_us": floor / 1e3}
 
@@ -196,16 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="also write the raw results here")
-    ap.add_argument("--replay-only", action="store_true", help="only the warm replay (no sglang needed)")
+    ap.add_argument("--replay-only", action="store_true", help="only the replays (no sglang needed)")
+    ap.add_argument("--sweep-mb", type=int, default=16,
+                    help="buffer swept between iterations of the cold replay (MB; this VM: 2 MB L2, 32 MB L3)")
     ap.add_argument("--all-cores", action="store_true",
                     help="let torch use every core (default: one, see the module docstring)")
     a = ap.parse_args(argv)
     if not a.all_cores:
         os.environ.update(SGLANG_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
-    warm = replay()
-    print(f"hook code, warm (one iteration's hook calls replayed in a loop on stand-ins, real zmq link, eb "
-          f"policy, minus the same calls through a do-nothing hook: {warm['floor_us']:.1f} µs): "
-          f"p50 {warm['p50_us']:.1f} µs, p99 {warm['p99_us']:.1f} µs per iteration ({warm['iterations']} iterations)")
+    warm, cold = replay(), replay(3000, sweep_mb=a.sweep_mb)
+    print(f"hook code replayed (one iteration's hook calls in a loop on stand-ins, real zmq link, eb policy, minus "
+          f"the same calls through a do-nothing hook):\n"
+          f"  warm caches: p50 {warm['p50_us']:.1f} µs, p99 {warm['p99_us']:.1f} µs per iteration "
+          f"({warm['iterations']} iterations, floor {warm['floor_us']:.1f} µs)\n"
+          f"  cold caches ({a.sweep_mb} MB swept between iterations): p50 {cold['p50_us']:.1f} µs, "
+          f"p99 {cold['p99_us']:.1f} µs ({cold['iterations']} iterations, floor {cold['floor_us']:.1f} µs)")
     if a.replay_only:
         return 0
     venv = sglang_venv(a.venv)
