@@ -1,0 +1,87 @@
+"""The ``ebctl`` commands that need no daemon: ``profiles`` (the built-in cost profiles), ``keygen`` (CURVE
+key pairs for tcp:// endpoints) and ``simulate`` (the simulator's command, when ``ebctl.sim`` imports).
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from ebctl import config, profiles
+from ebctl.cli import app, command, fail
+from ebctl.cli_view import _out, fmt, print_json
+from ebctl.security import SecurityError
+
+
+@command(app, "profiles")
+def list_profiles(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """The built-in cost profiles (use one with --set daemon.profile=NAME)."""
+    presets = profiles.builtin()
+    if as_json:
+        print_json({name: {"model": p.model, "gpu": p.gpu, "source": p.source,
+                           "costs": {k: getattr(p.costs, k) for k in p.costs.__dataclass_fields__},
+                           "has_beta_mb": math.isfinite(p.costs.c0)} for name, p in sorted(presets.items())})
+        return
+    t = Table(title="built-in cost profiles", title_justify="left", box=box.SIMPLE,
+              caption="α in s, β in s/token; β_MB: a measured mixed-batch cost curve", caption_justify="left")
+    for col in ("name", "model", "gpu", "α_P", "β_P", "α_D", "β_D", "β_MB"):
+        t.add_column(col, justify="left" if col in ("name", "model", "gpu") else "right", no_wrap=True)
+    for name, p in sorted(presets.items()):
+        c = p.costs
+        t.add_row(name, p.model.split("/")[-1], p.gpu, fmt(c.alpha_p), fmt(c.beta_p), fmt(c.alpha_d),
+                  fmt(c.beta_d), "yes" if math.isfinite(c.c0) else "no")
+    _out.print(t)
+
+
+def default_key_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path(config.DEFAULT_PATH).parent / "keys"
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "ebctl" / "keys"
+
+
+@command(app)
+def keygen(
+    directory: Annotated[Path | None, typer.Option("--dir", "-d", show_default=False, help=(
+        "where to write the pair (default: /etc/ebctl/keys as root, else ~/.config/ebctl/keys)"))] = None,
+    name: Annotated[str, typer.Option("--name", "-n", help="file name stem, e.g. daemon or engine-1")] = "ebctl",
+    force: Annotated[bool, typer.Option("--force", help="replace an existing pair (locks its peers out)")] = False,
+) -> None:
+    """Create a CURVE key pair for tcp:// endpoints (the secret file is readable by its owner only)."""
+    from ebctl import security
+
+    target = directory or default_key_dir()
+    try:
+        public, secret = security.keygen(target, name, force=force)
+    except (OSError, SecurityError) as e:
+        fail(f"ebctl keygen: {e}", 1)
+    typer.echo(
+        f"public key: {public}\nsecret key: {secret}\n\n"
+        "In the daemon's config ([daemon]), when this pair is the daemon's:\n"
+        f'  curve_server_key = "{secret}"\n'
+        '  curve_authorized = "<a directory holding the public .key file of every client>"\n'
+        "In a client's config (an engine, or the CLI on another host), with the client's own pair:\n"
+        '  curve_client_key = "<the client\'s .key_secret file>"\n'
+        '  curve_server_key = "<the daemon\'s public .key file>"')
+
+
+def _register_simulate() -> None:
+    try:
+        from ebctl.sim.cli import simulate
+    except ImportError as e:
+        why = str(e)
+
+        @app.command("simulate", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                     add_help_option=False)
+        def simulate_missing() -> None:
+            """Replay a workload through the simulator (not available in this install)."""
+            fail(f"ebctl simulate is not available: {why}", 1)
+
+        return
+    app.command("simulate")(simulate)
+
+
+_register_simulate()

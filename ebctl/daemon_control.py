@@ -1,0 +1,176 @@
+"""The daemon's control ops, a mixin of ``ebctl.daemon.Daemon``: ``status`` (the daemon's counters and each
+engine's policy, estimates and costs), ``tune`` and ``reload`` (a new config, applied atomically or not at
+all), ``calibrate`` (a cost profile from an engine's online fits), ``config`` and ``shutdown``. Each op takes
+the request's args and the wall-clock time and returns a ``ControlReply``; ``Daemon.handle_control``
+dispatches to them. They use the Daemon's ``cfg``, ``overrides``, ``costs``, ``cost_source``, ``engines``,
+``counters``, ``started`` and ``_stop``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ebctl import config, profiles, security
+from ebctl.config import Config, ConfigError
+from ebctl.controller import DEFAULT_COSTS
+from ebctl.model import Costs
+from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Estimates
+
+if TYPE_CHECKING:
+    from ebctl.daemon import Engine
+
+log = logging.getLogger("ebctl.daemon")
+
+# daemon.* keys a running daemon can change; the rest (sockets, keys, exporter) need a restart
+LIVE_DAEMON_KEYS = frozenset({"republish_s", "log_level", "profile", "node"})
+
+
+def load_costs(profile: str) -> tuple[Costs | None, str]:
+    """The seed costs of new controllers from ``daemon.profile`` ((None, "") when unset)."""
+    if not profile:
+        return None, ""
+    try:
+        p = profiles.load(profile)
+    except profiles.ProfileError as e:
+        raise ConfigError(f"daemon.profile={profile!r}: {e}") from None
+    return p.costs, f"profile:{p.name}"
+
+
+class ControlOps:
+    """The control ops of ``Daemon`` (``_op_<name>`` for each op of ``protocol.CONTROL_OPS``)."""
+
+    def _op_status(self, args: dict[str, Any], now: float) -> ControlReply:
+        mono = time.monotonic()
+        d = self.cfg.daemon
+        daemon = {"pid": os.getpid(), "uptime_s": mono - self.started, "protocol": PROTOCOL_VERSION,
+                  "config_path": self.cfg.path, "node": d.node, "profile": d.profile or "(default costs)",
+                  "endpoints": {w: self.cfg.endpoint(w) for w in security.ENDPOINTS},
+                  "metrics": f"http://{d.metrics_host}:{d.metrics_port}/metrics" if d.metrics_port else "",
+                  "counters": dataclasses.asdict(self.counters), "engines": len(self.engines)}
+        engines = {eid: self._engine_status(eng, mono) for eid, eng in self.engines.items()}
+        return ControlReply(ok=True, data={"daemon": daemon, "engines": engines})
+
+    def _engine_status(self, eng: Engine, mono: float) -> dict[str, Any]:
+        ctl = eng.controller
+        pol = msgspec.to_builtins(ctl.policy)
+        est = pol.pop("estimates", None) or msgspec.to_builtins(Estimates())
+        for k in ("v", "type"):
+            pol.pop(k, None)
+        costs, source = ctl.costs()
+        return {**pol, **est, **ctl.status(), "costs": {**dataclasses.asdict(costs), "source": source},
+                "seq_gaps": eng.seq_gaps, "last_report_age_s": mono - eng.last_report,
+                "last_update_age_s": mono - eng.last_update, "published_version": eng.published}
+
+    def _op_tune(self, args: dict[str, Any], now: float) -> ControlReply:
+        updates = args.get("updates")
+        if not isinstance(updates, dict) or not updates:
+            return ControlReply(ok=False, error="tune needs args {'updates': {'section.key': value, ...}}")
+        try:
+            new = self.cfg.with_updates(updates)
+        except ConfigError as e:
+            return ControlReply(ok=False, error=f"{e}; nothing changed")
+        engine_side = sorted(k for k in updates if k.startswith("engine."))
+        if engine_side:  # read by each engine's plugin at its start, never sent over the bus
+            return ControlReply(ok=False, error=f"{', '.join(engine_side)}: read by the engines at start-up, "
+                                "not by the daemon (edit the config and restart the engine); nothing changed")
+        fixed = sorted(k for k in updates if k.startswith("daemon.") and k[7:] not in LIVE_DAEMON_KEYS)
+        if fixed:
+            return ControlReply(ok=False, error=f"{', '.join(fixed)}: cannot change while the daemon runs "
+                                "(edit the config and restart it); nothing changed")
+        return self._apply(new, now)
+
+    def _op_reload(self, args: dict[str, Any], now: float) -> ControlReply:
+        return self.reload(now)
+
+    def reload(self, now: float) -> ControlReply:
+        """Re-read ``cfg.path`` (plus the start-up overrides); a bad file leaves the running config alone."""
+        if not self.cfg.path:
+            return ControlReply(ok=False, error="the daemon was started without a config file: nothing to "
+                                "reload (use tune, or restart with --config)")
+        try:
+            new = config.load(self.cfg.path, self.overrides)
+        except ConfigError as e:
+            return ControlReply(ok=False, error=f"reload refused, the running config stays: {e}")
+        fixed = {f.name: getattr(self.cfg.daemon, f.name) for f in dataclasses.fields(self.cfg.daemon)
+                 if f.name not in LIVE_DAEMON_KEYS and getattr(new.daemon, f.name) != getattr(self.cfg.daemon, f.name)}
+        new = dataclasses.replace(new, daemon=dataclasses.replace(new.daemon, **fixed))
+        try:
+            new.check()
+        except ConfigError as e:
+            return ControlReply(ok=False, error=f"reload refused, the running config stays: {e}")
+        reply = self._apply(new, now)
+        if reply.ok and fixed:
+            reply.data["needs_restart"] = sorted(f"daemon.{k}" for k in fixed)
+        return reply
+
+    def _apply(self, new: Config, now: float) -> ControlReply:
+        """Make ``new`` the running config, atomically: everything that can fail happens first."""
+        old = self.cfg
+        try:
+            costs, source = load_costs(new.daemon.profile) if new.daemon.profile != old.daemon.profile \
+                else (self.costs, self.cost_source)
+        except ConfigError as e:
+            return ControlReply(ok=False, error=f"{e}; nothing changed")
+        changed = {f"{s}.{k}": [v, new.get(f"{s}.{k}")] for s, vals in old.as_dict().items()
+                   for k, v in vals.items() if new.get(f"{s}.{k}") != v}
+        self.cfg, self.costs, self.cost_source = new, costs, source
+        logging.getLogger("ebctl").setLevel(new.daemon.log_level.upper())
+        if new.controller != old.controller or "daemon.profile" in changed:
+            for eng in self.engines.values():
+                if "daemon.profile" in changed:
+                    eng.controller.base_costs = costs or DEFAULT_COSTS
+                    eng.controller.base_cost_source = source or "default"
+                eng.controller.set_params(new.controller)
+                eng.controller.update(now)  # recomputes now if the window allows; published by the shell
+        log.info("config changed: %s", ", ".join(f"{k}={v[1]!r}" for k, v in changed.items()) or "nothing")
+        return ControlReply(ok=True, data={"changed": changed})
+
+    def _op_calibrate(self, args: dict[str, Any], now: float) -> ControlReply:
+        """A cost profile (the JSON ``profiles.load`` reads) from one engine's recent iterations."""
+        eid = str(args.get("engine") or "")
+        if not self.engines:
+            return ControlReply(ok=False, error="no engine has reported yet")
+        if not eid:
+            eid = max(self.engines, key=lambda e: self.engines[e].controller.reports)
+        if eid not in self.engines:
+            return ControlReply(ok=False, error=f"no engine {eid!r}; engines: {', '.join(sorted(self.engines))}")
+        ctl = self.engines[eid].controller
+        fits = {"prefill": ctl.prefill_fit.fit(), "decode": ctl.decode_fit.fit(), "mixed": ctl.mixed_fit.fit()}
+        min_r2 = ctl.params.min_cost_r2
+
+        def good(f: Any) -> bool:
+            return f.ok and f.r2 >= min_r2 and all(math.isfinite(c) for c in f.coef)
+
+        bad = [f"{k}: {f.reason if not f.ok else f'R²={f.r2:.3f} < min_cost_r2={min_r2}'}"
+               for k, f in fits.items() if k != "mixed" and not good(f)]
+        if not bad and fits["decode"].coef[0] <= 0:
+            bad.append("decode: alpha_d fitted as 0")
+        if bad:
+            return ControlReply(ok=False, error=f"no good cost fit yet for engine {eid!r}: {'; '.join(bad)}")
+        p, d, m = fits["prefill"].coef, fits["decode"].coef, fits["mixed"]
+        mixed = dict(zip(("alpha_mb", "c0", "c1", "c2"), m.coef, strict=True)) if good(m) else {}
+        costs = Costs(alpha_p=p[0], beta_p=p[1], alpha_d=d[0], beta_d=d[1], **mixed)
+        when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        prof = profiles.Profile(name=str(args.get("name") or f"calibrated-{eid}"), model=str(args.get("model", "")),
+                                gpu=str(args.get("gpu", "")), costs=costs,
+                                source=f"ebctl calibrate: online fit of engine {eid} at {when}")
+        data = json.loads(prof.to_json())
+        data["fit"] = {k: {"r2": f.r2, "n": f.n, "used": good(f)} for k, f in fits.items()}
+        return ControlReply(ok=True, data=data)
+
+    def _op_config(self, args: dict[str, Any], now: float) -> ControlReply:
+        return ControlReply(ok=True, data={"path": self.cfg.path, **self.cfg.as_dict()})
+
+    def _op_shutdown(self, args: dict[str, Any], now: float) -> ControlReply:
+        log.info("shutdown requested over the control socket")
+        self._stop.set()
+        return ControlReply(ok=True, data={"bye": os.getpid()})

@@ -1,0 +1,225 @@
+"""The daemon's shell, a mixin of ``ebctl.daemon.Daemon``: start-up checks and the runtime-dir lock, the
+three sockets (and their handshake monitors), the poll loop, publishing and republishing policies, signals,
+and the metrics HTTP server. The socket-free core it drives (``ingest``, ``handle_control``, ``reload``)
+lives in ``ebctl.daemon`` and ``ebctl.daemon_control``; it also uses the Daemon's ``cfg``, ``engines``,
+``counters``, ``registry``, ``_stop``, ``_reload_requested`` and ``_pub``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+import zmq
+from prometheus_client import start_http_server
+from zmq.utils.monitor import recv_monitor_message
+
+from ebctl import security
+from ebctl.config import ConfigError
+from ebctl.protocol import ControlReply, encode
+
+if TYPE_CHECKING:
+    from ebctl.daemon import Engine
+
+log = logging.getLogger("ebctl.daemon")
+
+BATCH = 512  # telemetry frames per loop turn: control requests and the republish timer are never starved
+POLL_MAX_S = 0.1  # longest sleep: how soon a signal or stop() is noticed
+MAX_MSG_BYTES = 4 << 20
+MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+_HANDSHAKE_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth"}
+
+
+class DaemonShell:
+    """The shell of ``Daemon``: sockets, timers, signals."""
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (thread-safe; noticed within POLL_MAX_S)."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Serve until stopped. 0: clean stop; 2: refused (security/config); 1: could not start."""
+        try:
+            self._prepare()
+        except (security.SecurityError, ConfigError) as e:
+            log.error("refusing to start: %s", e)
+            return 2
+        except OSError as e:
+            log.error("cannot start: %s", e)
+            return 1
+        restore = self._install_signals()
+        sockets: list[zmq.Socket] = []
+        bound: list[Path] = []
+        ctx = zmq.Context()
+        auth, http = None, None
+        try:
+            auth = security.start_authenticator(ctx, self.cfg)
+            tel, self._pub, ctl = (self._bind(ctx, kind, which, sockets, bound) for kind, which in
+                                   ((zmq.PULL, "telemetry"), (zmq.PUB, "policy"), (zmq.REP, "control")))
+            monitors = {s.get_monitor_socket(sum(_HANDSHAKE_EVENTS)): s for s in (tel, self._pub, ctl)}
+            sockets.extend(monitors)
+            if self.cfg.daemon.metrics_port:
+                http = start_http_server(self.cfg.daemon.metrics_port, addr=self.cfg.daemon.metrics_host,
+                                         registry=self.registry)[0]
+            log.info("serving: telemetry %s, policy %s, control %s%s", *(self.cfg.endpoint(w) for w in
+                     security.ENDPOINTS), f", metrics :{self.cfg.daemon.metrics_port}" if http else "")
+            self._loop(tel, ctl, monitors)
+        except (zmq.ZMQError, OSError) as e:
+            log.error("cannot serve: %s", e)
+            return 1
+        finally:
+            for s in sockets:
+                s.close(linger=500 if s.type == zmq.REP else 0)  # let the last reply (shutdown) leave
+            for path in bound:
+                path.unlink(missing_ok=True)  # libzmq leaves ipc socket files behind
+            if auth is not None:
+                auth.stop()
+            ctx.term()
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+            restore()
+            self._unlock()
+        log.info("stopped")
+        return 0
+
+    def _prepare(self) -> None:
+        security.check_endpoints(self.cfg)
+        run_dir = security.ensure_runtime_dir(self.cfg.daemon.runtime_dir)
+        for which in security.ENDPOINTS:
+            path = security.ipc_path(self.cfg.endpoint(which))
+            if path is not None and len(os.fsencode(path)) > MAX_IPC_PATH:
+                raise ConfigError(f"{self.cfg.endpoint(which)!r}: unix socket paths are limited to {MAX_IPC_PATH} "
+                                  "bytes; choose a shorter daemon.runtime_dir")
+            if path is not None and path.parent != run_dir:
+                if self.cfg.daemon.insecure:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                else:
+                    security.ensure_runtime_dir(path.parent)
+        self._lock_fd = os.open(run_dir / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise OSError(f"another ebctl daemon is running with runtime_dir {run_dir}") from None
+
+    def _unlock(self) -> None:
+        os.close(self._lock_fd)
+
+    def _bind(self, ctx: zmq.Context, kind: int, which: str, sockets: list[zmq.Socket], bound: list[Path]
+              ) -> zmq.Socket:
+        s = ctx.socket(kind)
+        sockets.append(s)
+        s.linger = 0
+        s.maxmsgsize = MAX_MSG_BYTES
+        ep = self.cfg.endpoint(which)
+        if security.needs_curve(ep) and self.cfg.daemon.curve_server_key:
+            security.apply_server(s, self.cfg.daemon.curve_server_key)
+        if kind == zmq.PULL:
+            s.rcvhwm = 100_000
+        s.bind(ep)
+        if (path := security.ipc_path(ep)) is not None:
+            bound.append(path)
+        return s
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())  # Ctrl-C: the same clean stop
+        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload_requested", True))
+
+        def restore() -> None:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        return restore
+
+    def _loop(self, tel: zmq.Socket, ctl: zmq.Socket, monitors: dict[zmq.Socket, zmq.Socket]) -> None:
+        poller = zmq.Poller()
+        for s in (tel, ctl, *monitors):
+            poller.register(s, zmq.POLLIN)
+        next_republish = time.monotonic() + self.cfg.daemon.republish_s
+        while not self._stop.is_set():
+            wait = min(max(next_republish - time.monotonic(), 0.0), POLL_MAX_S)
+            ready = dict(poller.poll(wait * 1000))
+            now, mono = time.time(), time.monotonic()
+            if tel in ready:
+                self._drain(tel, now, mono)
+            if ctl in ready:
+                reply = self.handle_control(ctl.recv_multipart(), now)
+                ctl.send(self._encode_reply(reply))
+                self._publish_changed(now, mono)
+            for m in monitors:
+                if m in ready:
+                    self._count_handshake(m)
+            if self._reload_requested:
+                self._reload_requested = False
+                reply = self.reload(now)
+                log.info("SIGHUP reload: %s", "ok" if reply.ok else reply.error)
+                self._publish_changed(now, mono)
+            if mono >= next_republish:
+                self._republish(now, mono)
+                next_republish = mono + self.cfg.daemon.republish_s
+
+    def _drain(self, sock: zmq.Socket, now: float, mono: float) -> None:
+        for _ in range(BATCH):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            eng = self.ingest(frame, now, mono)
+            if eng is not None:
+                self._publish(eng, now, mono)
+
+    def _publish(self, eng: Engine, now: float, mono: float) -> None:
+        """Send the engine's current policy, issued now, with the TTL in force now."""
+        ctl = eng.controller
+        pol = msgspec.structs.replace(ctl.policy, issued_at=now, ttl_s=ctl.params.ttl_s)
+        try:
+            frame = eng.topic + encode(pol)
+        except (TypeError, msgspec.EncodeError):
+            self.counters.publish_errors += 1
+            log.exception("cannot encode the policy of %r", ctl.engine_id)
+            return
+        self._pub.send(frame)  # PUB never blocks: a subscriber that is not keeping up loses old policies
+        if pol.version != eng.published:
+            eng.published, eng.last_update = pol.version, mono
+            self.counters.published += 1
+        else:
+            self.counters.republished += 1
+
+    def _publish_changed(self, now: float, mono: float) -> None:
+        for eng in self.engines.values():
+            if eng.controller.policy.version != eng.published:
+                self._publish(eng, now, mono)
+
+    def _republish(self, now: float, mono: float) -> None:
+        for eng in self.engines.values():
+            self._publish(eng, now, mono)
+
+    def _count_handshake(self, monitor: zmq.Socket) -> None:
+        try:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        kind = _HANDSHAKE_EVENTS.get(event["event"])
+        if kind is not None:
+            self.counters.handshake_failed[kind] += 1
+            log.warning("handshake failed (%s) on %s", kind, event.get("endpoint", b"").decode(errors="replace"))
+
+    def _encode_reply(self, reply: ControlReply) -> bytes:
+        try:
+            return encode(reply)
+        except (TypeError, msgspec.EncodeError) as e:
+            self.counters.control_errors += 1
+            return encode(ControlReply(ok=False, error=f"reply not encodable: {e}"))
