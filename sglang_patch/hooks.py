@@ -26,7 +26,7 @@ HOOK_TARGETS: Final[dict[str, str]] = {
     "next_batch": f"{SCHEDULER}.get_next_batch_to_run",  # note the planned step; read + apply the policy
     "defer_prefill": f"{SCHEDULER}._should_defer_prefill",  # the gate: may a prefill form now?
     "allocatable": f"{SCHEDULER}.get_num_allocatable_reqs",  # admission cap: n_max running
-    "run_batch": f"{SCHEDULER}.run_batch",  # forward time where run_batch is synchronous (CPU)
+    "run_batch": f"{SCHEDULER}.run_batch",  # forward time (CPU: run_batch is synchronous); seq_lens_sum
     "batch_result": f"{SCHEDULER}.process_batch_result",  # report the step and its finished requests
     "abort_output": f"{SCHEDULER}.send_abort_output",  # requests ended outside the output stream
     "internal_state": f"{SCHEDULER}.get_internal_state",  # status in GET /server_info
