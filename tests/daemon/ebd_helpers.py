@@ -6,11 +6,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import wait_for  # noqa: F401  (re-exported: the daemon tests import it from here)
 
 from ebctl import config
 from ebctl.link import ControlClient, DaemonUnreachable
@@ -23,16 +23,6 @@ FAST = {  # small windows and TTLs: policies within a few dozen reports, expiry 
 }
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> object:
-    """Poll ``pred`` until it returns something truthy (returned) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or pred}")
-        time.sleep(interval)
 
 
 def toml_value(v: object) -> str:

@@ -34,6 +34,8 @@ from ebctl.protocol import BatchKind, IterationReport, ProtocolError, decode
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "sglang_cpu"))
+sys.path.insert(0, str(REPO / "tests"))  # polling.py, also when tools/bench_hook.py imports this module
+import polling  # noqa: E402
 from server import free_port, post_json, server_env, stop, tiny_server  # noqa: E402
 
 # Short lifetimes: a dead daemon's policy expires within ttl_s; republish keeps a live one fresh.
@@ -55,14 +57,8 @@ ONE_TORCH_CORE = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+    """tests/polling.py's, polling a server every 0.1 s unless told otherwise."""
+    return polling.wait_for(pred, timeout, what, interval)
 
 
 def toml(values: dict[str, str]) -> str:
