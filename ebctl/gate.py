@@ -119,3 +119,12 @@ class PhaseGate:
         self.phase = d.phase
         self.last = d
         return d
+
+    def rest(self) -> None:
+        """Nothing waits: the state ``decide(eb policy, waiting=0, ...)`` leaves, whatever the other numbers
+        (DECODE, no deferral clock), without asking :func:`gate_step`. The plugin calls this instead of
+        ``decide`` on every step whose queue is empty (most steps of a busy server): there is nothing to
+        admit, so the decision cannot matter, and the gate's cost is kept for steps where it does."""
+        self.phase = Phase.DECODE
+        self.defer_since = None
+        self.last = _QUEUE_EMPTY

@@ -124,3 +124,18 @@ def test_full_eb_cycle_counts_prefill_batches():
         elif it % 2 == 0:
             running -= 1  # a completion every other iteration
     assert switches and all(s == 4 for s in switches)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("since", [None, 3.0])
+@pytest.mark.parametrize("policy", [EB, Policy(mode=Mode.EB, k=1, n_max=2, kv_reserve_frac=0.9, max_defer_s=0.1)])
+def test_rest_is_decide_with_an_empty_queue(phase, since, policy):
+    """The plugin's shortcut for an empty queue leaves the gate as ``decide(waiting=0)`` would, from any state
+    and whatever the other numbers."""
+    for running, kv, now in [(0, 1.0, 0.0), (1, 0.0, 5.0), (2, 0.5, 100.0), (9, 0.1, 4.0)]:
+        a, b = PhaseGate(), PhaseGate()
+        for g in (a, b):
+            g.phase, g.defer_since = phase, since
+        d = a.decide(policy, running=running, waiting=0, kv_free_frac=kv, now=now)
+        b.rest()
+        assert (b.phase, b.defer_since, b.last) == (a.phase, a.defer_since, a.last) == (Phase.DECODE, None, d)
