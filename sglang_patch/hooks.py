@@ -15,7 +15,7 @@ returns what the original returned.
 
 from __future__ import annotations
 
-from time import perf_counter, perf_counter_ns
+from time import perf_counter_ns
 from typing import Final
 
 from sglang_patch.state import PluginState
@@ -36,13 +36,8 @@ STATE = PluginState()
 
 
 def next_batch(original, sched, *args, **kwargs):
-    st = STATE
-    if st.on:
-        try:
-            st.tick()
-        except Exception:
-            st.fail("next_batch", sched)
     plan = original(sched, *args, **kwargs)
+    st = STATE
     if st.on:
         t = perf_counter_ns()
         try:
@@ -83,11 +78,11 @@ def run_batch(original, sched, batch, *args, **kwargs):
     st = STATE
     if not st.on:
         return original(sched, batch, *args, **kwargs)
-    t = perf_counter()
+    t = perf_counter_ns()
     result = original(sched, batch, *args, **kwargs)
     t1 = perf_counter_ns()
     try:
-        st.ran(batch, perf_counter() - t)
+        st.ran(batch, (t1 - t) * 1e-9)
     except Exception:
         st.fail("run_batch", sched)
     st.ns += perf_counter_ns() - t1

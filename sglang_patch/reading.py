@@ -59,17 +59,6 @@ def _total(lens: Any) -> int:
     return sum(lens.tolist()) if len(lens) < 96 else int(lens.sum())
 
 
-def occupancy(plan: Any) -> int:
-    """Requests holding a running slot in the step just planned: the running batch, plus the batch to run
-    when it is not the running batch itself (a prefill's new requests; a MIXED step, whose running batch
-    was handed over whole and is empty)."""
-    batch, running = plan.batch_to_run, plan.running_batch
-    n = len(running.reqs)
-    if batch is not None and batch is not running:
-        n += len(batch.reqs)
-    return n
-
-
 def kv_tokens(sched: Any) -> tuple[int, int]:
     """(used, total) KV tokens, as sglang's "token usage" log counts them (evictable cache is free)."""
     return kv_used_reader(sched)(), sched.max_total_num_tokens

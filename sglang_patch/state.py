@@ -33,7 +33,7 @@ import msgspec
 from ebctl.gate import PhaseGate
 from ebctl.protocol import BatchKind, FinishedRequest, Mode, Policy
 from sglang_patch import reading
-from sglang_patch.reading import batch_shape, occupancy
+from sglang_patch.reading import batch_shape
 
 log = logging.getLogger("ebctl.sglang")
 
@@ -42,9 +42,9 @@ _FINISHED_OUTPUT = attrgetter("finished_output")  # True once sglang streamed th
 _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exactly once, whatever path
 _TIMES = 4096  # per-iteration hook costs kept for status (ns)
 # The link is asked for the newest policy at most this often (s): policies change on a scale of seconds
-# (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 5 ms late; on short (CPU)
-# iterations this skips the check on most of them.
-POLICY_POLL_S = 0.005
+# (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 20 ms late; on short iterations
+# (a few ms: CPU, small decode batches) this skips the check on most of them.
+POLICY_POLL_S = 0.02
 
 
 class PluginState:
@@ -158,14 +158,6 @@ class PluginState:
                 raise RuntimeError(f"ebctl: injected fault in hook {hook} (engine.fault)")
 
     # --- get_next_batch_to_run ----------------------------------------------------------------------
-    def tick(self) -> None:
-        """A scheduler iteration begins: close the last one's hook time (``hook_ns``; bookkeeping of the
-        measurement itself, not timed)."""
-        if self.busy:
-            self.times[self.n_times % _TIMES] = self.ns
-            self.n_times += 1
-        self.ns = 0
-
     def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
         """Read the newest policy (None once expired) and apply it if it changed."""
         if self.control and self.link is not None:
@@ -186,6 +178,9 @@ class PluginState:
             mb_fallback = p.mode is Mode.MB and self.mixed_unavailable
             self.gate_policy = msgspec.structs.replace(p, mode=Mode.EB) if mb_fallback else p
             self.cap = p.n_max
+            # The gate's ``mixed`` is a function of the mode alone (mb: True, eb: False), and nothing in
+            # sglang 0.5.23 writes is_mixed_chunk after __init__: set once here, not on every step.
+            sched.is_mixed_chunk = self.gate_policy.mode is Mode.MB
         self.version = -1 if p is None else p.version
         if old_cap is not None and (self.cap is None or self.cap > old_cap):
             running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
@@ -196,13 +191,18 @@ class PluginState:
         A new policy (or an expiry) is applied here, after the step was planned, so it governs the steps
         planned from the next one on: one hook call per iteration instead of two, for at most one step's
         delay on a policy that changes on a scale of seconds."""
+        if self.busy:  # a new iteration: close the last one's hook time (status: hook_ns)
+            self.times[self.n_times % _TIMES] = self.ns
+            self.n_times += 1
+        self.ns = 0
         if not self.ready:
             self.start(sched)
         if self.fault_hook:
             self.fault("next_batch")
         self.iterations += 1
         if self.link is not None:
-            if plan.batch_to_run is None:
+            batch = plan.batch_to_run
+            if batch is None:
                 if self.busy or self.pending:
                     self._report_idle(sched, plan)
                 self.busy = False
@@ -213,7 +213,10 @@ class PluginState:
                 # objects are in cache): the KV the step holds, its new tokens included.
                 e = self.ring[key % _RING]  # filled in place: no allocation (and no GC pressure) per step
                 e[0] = key
-                e[1] = occupancy(plan)
+                running = plan.running_batch
+                # occupancy (reading.occupancy, inline: this runs every step): the running batch, plus the
+                # batch to run when it is a separate one (a prefill's new requests; a MIXED step)
+                e[1] = len(running.reqs) if batch is running else len(running.reqs) + len(batch.reqs)
                 e[2] = len(sched.waiting_queue)
                 e[3] = self._kv_used()
                 e[4] = math.nan
@@ -227,16 +230,18 @@ class PluginState:
     # --- _should_defer_prefill, get_num_allocatable_reqs --------------------------------------------
     def defer(self, sched: Any, running_batch: Any) -> bool:
         """The gate's answer for this step (stock said "go"): True keeps a prefill from forming."""
-        p = self.gate_policy
         if self.fault_hook:
             self.fault("defer_prefill")
-        running, waiting = len(running_batch.reqs), len(sched.waiting_queue)
+        waiting = len(sched.waiting_queue)
+        if not waiting:  # sglang 0.5.23 asks on every step; with nothing to admit, "go" changes nothing
+            self.gate.rest()
+            return False
+        p = self.gate_policy
+        running = len(running_batch.reqs)
         kv_free = 1.0
         if p.kv_reserve_frac > 0.0 and self.kv_total:  # no reserve: the gate's KV test always passes
             kv_free = 1.0 - self._kv_used() / self.kv_total
         d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free, now=monotonic())
-        mixed = d.mixed
-        sched.is_mixed_chunk = self.launch_mixed if mixed is None else mixed
         if d.allow_prefill or running == 0 or sched.chunked_req is not None:
             return False
         self.defers += 1
@@ -308,11 +313,19 @@ class PluginState:
             forward_s = max(self.t_result - max(batch.launch_ts or 0.0, self._t_prev), 0.0)
         if self.pending:
             finished, self.pending = (*self.pending, *finished), []
-        p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind, ctx)
-        if kind is BatchKind.MIXED:
-            self.mixed_steps += 1
-        self._send((self.seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
-                    kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable, finished))
+        if kind is BatchKind.DECODE and ctx is not None:  # most steps: batch_shape's answer, without the call
+            p_reqs, p_tokens, d_reqs, d_ctx = 0, 0, len(reqs), ctx
+        else:
+            p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind, ctx)
+            if kind is BatchKind.MIXED:
+                self.mixed_steps += 1
+        seq = self.seq  # _send, inline
+        self.seq = seq + 1
+        self.reports += 1
+        if finished:
+            self.finished += len(finished)
+        self.link.report_row((seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
+                              kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable, finished))
 
     def aborted(self, req: Any) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from fakes import Original, Sched, batch, new_state, req
 
+from ebctl.gate import Phase, PhaseGate
 from ebctl.protocol import Mode, Policy
 from sglang_patch import hooks, state
 from sglang_patch.state import PluginState
@@ -90,6 +91,29 @@ def test_eb_defers_below_k_free_slots_and_caps_at_n_max(st):
     assert hooks.allocatable(Original(10), sched, 6) == 2  # n_max 8 - 6 running
     assert hooks.allocatable(Original(1), sched, 6) == 1  # sglang's own budget is smaller
     assert st.defers == 2 and st.capped == 1
+
+
+def test_an_empty_queue_never_asks_the_gate(st):
+    """sglang 0.5.23 asks ``_should_defer_prefill`` on every step; with nothing waiting the answer is "go"
+    (nothing can form) and the gate only records that the queue emptied (``PhaseGate.rest``)."""
+
+    class Counting(PhaseGate):
+        asked = 0
+
+        def decide(self, *a, **kw):
+            Counting.asked += 1
+            return super().decide(*a, **kw)
+
+    st.link.p = eb()
+    st.gate = Counting()
+    sched = Sched(waiting_queue=[])
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    st.gate.phase, st.gate.defer_since = Phase.REFILL, 1.0
+    assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is False  # 2 free < k: would defer
+    assert (st.gate.phase, st.gate.defer_since, Counting.asked, st.defers) == (Phase.DECODE, None, 0, 0)
+    sched.waiting_queue.append(req("w"))
+    assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is True
+    assert (Counting.asked, st.defers) == (1, 1)
 
 
 def test_mb_mixes(st):
