@@ -1,7 +1,7 @@
 """Per-iteration cost of the ebctl hooks inside a real SGLang scheduler (DESIGN.md budget: p50 ≤ 10 µs,
 p99 ≤ 50 µs), and the end-to-end effect: the same load against the same server with and without the plugin.
 
-    python tools/bench_hook.py [--venv VENV] [--prompts 300] [--concurrency 16] [--input-len 64]
+    python tools/bench_hook.py [--venv VENV] [--prompts 300] [--concurrency 24] [--input-len 64]
                                [--output-len 64] [--rounds 2] [--json OUT]
 
 Runs the tiny model on CPU (tools/sglang_cpu/, the environment of tools/sglang_env.sh, this checkout
@@ -12,7 +12,8 @@ random-ids, all outputs ``--output-len`` tokens); configurations alternate over 
 - ``stock``: SGLANG_PLUGINS=none;
 - ``ebctl off``: the plugin with policy ``off``: every hook runs, reads the policy, reports each iteration,
   and changes nothing (same batches as stock, so the end-to-end difference is the hooks' cost);
-- ``ebctl eb``: policy eb with k = 1 and n_max = the server's limit, so the gate runs every step.
+- ``ebctl eb``: policy eb with k = 1 and n_max = the server's limit; the client keeps more requests in
+  flight than the server runs (concurrency 24 > 16), so requests wait and the gate decides every step.
 
 Torch runs on one core (SGLANG_CPU_OMP_THREADS_BIND=0, OMP_NUM_THREADS=1; ``--all-cores`` to change):
 with its threads on every core of a 2-core machine, any other thread that wakes (a zmq I/O thread, the
@@ -30,6 +31,7 @@ median inter-token latency (≈ one decode iteration).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -119,12 +121,53 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def replay(iterations: int = 20000, sweep_mb: int = 0) -> dict:
+def minimal_hooks(sched) -> dict:
+    """A reference, not the product: hooks that read what a report needs from sglang (as the plugin reads it)
+    and queue one tuple per step, with no policy, gate logic, counters, timing or fault handling. Its cost
+    is what any Python plugin pays for the reads alone under the same conditions."""
+    from itertools import compress
+    from operator import attrgetter
+
+    from sglang_patch.reading import kv_used_reader
+
+    finished, out, kv_used = attrgetter("finished_output"), collections.deque(), kv_used_reader(sched)
+    ring = [[0] * 5 for _ in range(4)]
+
+    def next_batch(original, s, *a, **k):
+        plan = original(s, *a, **k)
+        e = ring[(s.forward_ct + 1) % 4]
+        e[0], e[1], e[2], e[3] = s.forward_ct + 1, len(plan.running_batch.reqs), len(s.waiting_queue), kv_used()
+        return plan
+
+    def defer_prefill(original, s, rb, *a, **k):
+        return original(s, rb, *a, **k) or (len(s.waiting_queue) > 0 and len(rb.reqs) >= 16)
+
+    def allocatable(original, s, n, *a, **k):
+        return min(original(s, n, *a, **k), 16 - n)
+
+    def run_batch(original, s, b, *a, **k):
+        res = original(s, b, *a, **k)
+        ring[b.forward_iter % 4][4] = b.seq_lens_sum
+        return res
+
+    def batch_result(original, s, b, r, *a, **k):
+        res = original(s, b, r, *a, **k)
+        e, done = ring[b.forward_iter % 4], tuple(compress(b.reqs, map(finished, b.reqs)))
+        out.append((e[0], time.time(), 0.0, b.forward_mode, 0, 0, len(b.reqs), e[4], e[1], e[2], e[3], 0, 16, 1,
+                    False, done))
+        return res
+
+    return {"next_batch": next_batch, "defer_prefill": defer_prefill, "allocatable": allocatable,
+            "run_batch": run_batch, "batch_result": batch_result}
+
+
+def replay(iterations: int = 20000, sweep_mb: int = 0, minimal: bool = False) -> dict:
     """The same hook code replayed: each hook called in a loop, as one scheduler iteration (decode, batch
     16, a completion every 8th step), on stand-in objects (tests/sglang/fakes.py) with a real EngineLink
-    (zmq sockets in this process) and an eb policy, so the gate and the report run. ``sweep_mb`` > 0: read
-    and write a buffer of that size between iterations (untimed), so each iteration starts with cold
-    caches and TLB, as after a forward pass in a real scheduler; 0: warm caches."""
+    (zmq sockets in this process) and an eb policy with requests waiting, so the gate and the report run.
+    ``sweep_mb`` > 0: read and write a buffer of that size between iterations (untimed), so each iteration
+    starts with cold caches and TLB, as after a forward pass in a real scheduler; 0: warm caches.
+    ``minimal``: replay :func:`minimal_hooks` instead (the reference)."""
     import numpy as np
     import zmq
     from fakes import Sched, batch, new_state, req
@@ -166,6 +209,7 @@ def replay(iterations: int = 20000, sweep_mb: int = 0) -> dict:
             h["batch_result"](got_none, sched, dec, "res")
             return time.perf_counter_ns() - t0
 
+        hooked = minimal_hooks(sched) if minimal else hooks.HOOKS
         bare = {name: (lambda original, *a, **k: original(*a, **k)) for name in hooks.HOOKS}  # sglang's wrapper
         buf = np.ones(sweep_mb * 2**20 // 8) if sweep_mb else None
         def sweep() -> None:
@@ -181,10 +225,10 @@ def replay(iterations: int = 20000, sweep_mb: int = 0) -> dict:
                 reqs[i % 16] = req(f"n{i}", n_in=64)
                 dec.reqs = list(reqs)
             sweep()
-            times.append(step(hooks.HOOKS))
+            times.append(step(hooked))
             sweep()
             base.append(step(bare))
-        assert st.on and st.reports == iterations and st.policy is not None, (st.on, st.reports, st.error)
+        assert minimal or (st.on and st.reports == iterations and st.policy is not None), (st.on, st.error)
         link.close()
         pull.close(0)
         pub.close(0)
@@ -201,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv")
     ap.add_argument("--prompts", type=int, default=300)
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=24,
+                    help="client concurrency; above --max-running so requests wait at every step and eb's gate "
+                         "decides each one (an empty queue skips it)")
     ap.add_argument("--max-running", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
@@ -216,12 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     if not a.all_cores:
         os.environ.update(SGLANG_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
     warm, cold = replay(), replay(3000, sweep_mb=a.sweep_mb)
+    ref = replay(3000, sweep_mb=a.sweep_mb, minimal=True)
     print(f"hook code replayed (one iteration's hook calls in a loop on stand-ins, real zmq link, eb policy, minus "
           f"the same calls through a do-nothing hook):\n"
           f"  warm caches: p50 {warm['p50_us']:.1f} µs, p99 {warm['p99_us']:.1f} µs per iteration "
           f"({warm['iterations']} iterations, floor {warm['floor_us']:.1f} µs)\n"
           f"  cold caches ({a.sweep_mb} MB swept between iterations): p50 {cold['p50_us']:.1f} µs, "
-          f"p99 {cold['p99_us']:.1f} µs ({cold['iterations']} iterations, floor {cold['floor_us']:.1f} µs)")
+          f"p99 {cold['p99_us']:.1f} µs ({cold['iterations']} iterations, floor {cold['floor_us']:.1f} µs)\n"
+          f"  reference, cold: minimal hooks (the same sglang reads, one tuple queued, no ebctl logic): "
+          f"p50 {ref['p50_us']:.1f} µs, p99 {ref['p99_us']:.1f} µs")
     if a.replay_only:
         return 0
     venv = sglang_venv(a.venv)
