@@ -214,8 +214,8 @@ class PluginState:
                 e = self.ring[key % _RING]  # filled in place: no allocation (and no GC pressure) per step
                 e[0] = key
                 running = plan.running_batch
-                # occupancy (reading.occupancy, inline: this runs every step): the running batch, plus the
-                # batch to run when it is a separate one (a prefill's new requests; a MIXED step)
+                # occupancy: the running batch, plus the batch to run when it is a separate one (a prefill's
+                # new requests; a MIXED step, whose running batch was handed over whole and is empty)
                 e[1] = len(running.reqs) if batch is running else len(running.reqs) + len(batch.reqs)
                 e[2] = len(sched.waiting_queue)
                 e[3] = self._kv_used()
@@ -319,7 +319,7 @@ class PluginState:
             p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind, ctx)
             if kind is BatchKind.MIXED:
                 self.mixed_steps += 1
-        seq = self.seq  # _send, inline
+        seq = self.seq  # what _send does, inline on this per-step path (a call costs ~0.5 µs cold)
         self.seq = seq + 1
         self.reports += 1
         if finished:
