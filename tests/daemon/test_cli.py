@@ -219,8 +219,9 @@ FAKE_ENGINE = textwrap.dedent("""
 DRIVER = textwrap.dedent("""
     import sys
     from ebctl import cli
+    from ebctl.cli import run
     fake, pids_file, exit_after, code = sys.argv[1:5]
-    cli.engine_command = lambda engine, cfg_path, args: (
+    run.engine_command = lambda engine, cfg_path, args: (
         [sys.executable, "-c", fake, pids_file, exit_after, code], {"EBCTL_CONFIG": cfg_path})
     cli.app(sys.argv[5:], prog_name="ebctl")
 """)

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebctl import cli, config
+from ebctl.cli import common, run, view
 
 runner = CliRunner()
 
@@ -122,7 +123,7 @@ def test_a_private_runtime_dir_says_whose_it_is(tmp_path, monkeypatch):
 
 
 def test_dead_tcp_endpoint_times_out_with_the_endpoint(monkeypatch):
-    monkeypatch.setattr(cli, "CONTROL_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(common, "CONTROL_TIMEOUT_S", 0.3)
     ep = "tcp://127.0.0.1:9"  # discard port: nothing answers
     r = invoke("reload", "--insecure", "--set", f"daemon.control_endpoint={ep}")
     assert r.exit_code == 1 and f"not reachable at {ep}" in r.stderr
@@ -175,7 +176,7 @@ def test_profiles_lists_the_presets():
 
 
 def test_sim_engine_command_passes_the_config_and_the_arguments():
-    cmd = cli._sim_engine_cmd("/run/x/start.toml", ["--engine-id", "e1", "--speed", "5"])
+    cmd = run._sim_engine_cmd("/run/x/start.toml", ["--engine-id", "e1", "--speed", "5"])
     assert cmd == [sys.executable, "-m", "ebctl.sim.live", "--config", "/run/x/start.toml",
                    "--engine-id", "e1", "--speed", "5"]
 
@@ -187,7 +188,7 @@ def test_status_view_renders_every_field_and_missing_values():
     from rich.console import Console
 
     console = Console(width=200, record=True)
-    console.print(cli.status_view({"daemon": {"reports": 10, "rejected": {"malformed": 1}}, "engines": {"e0": st}}))
+    console.print(view.status_view({"daemon": {"reports": 10, "rejected": {"malformed": 1}}, "engines": {"e0": st}}))
     text = console.export_text()
     for needle in ("engine e0", "θ̂*", "0.31", "2.490e-05", "—", "hazard fit ok", "cost fit prefill", "r2=0.99",
                    "future_field", "rejected.malformed"):
@@ -195,7 +196,7 @@ def test_status_view_renders_every_field_and_missing_values():
 
 
 def test_json_output_has_no_nan():
-    assert json.loads(json.dumps(cli.jsonable({"a": [float("nan"), 1.5], "b": {"c": float("inf")}}))) == \
+    assert json.loads(json.dumps(view.jsonable({"a": [float("nan"), 1.5], "b": {"c": float("inf")}}))) == \
         {"a": [None, 1.5], "b": {"c": None}}
 
 

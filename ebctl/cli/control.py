@@ -14,8 +14,8 @@ import typer
 from rich.text import Text
 
 from ebctl import config
-from ebctl.cli import Globals, app, ask, command, config_app, fail, say, tune_app, unreachable_message
-from ebctl.cli_view import _out, jsonable, print_changes, print_json, status_view
+from ebctl.cli.common import Globals, app, ask, command, config_app, fail, say, tune_app, unreachable_message
+from ebctl.cli.view import _out, jsonable, print_changes, print_json, status_view
 from ebctl.config import Config, ConfigError
 
 

@@ -1,24 +1,10 @@
-"""The ``ebctl`` command line: run the daemon, start a supervised daemon + engine pair, read and steer it.
-
-Exit codes: 0 ok, 2 usage or validation (bad flag, bad key/value, a refused ``tune`` or ``reload``),
-1 runtime failure (daemon unreachable, a child died, a missing engine). Every command takes the global
-options ``--config PATH``, ``--set KEY=VALUE`` (repeatable), ``--runtime-dir DIR`` and ``--insecure``, before
-or after its name. Shell only: it loads one ``Config``, talks to the daemon through ``link.ControlClient``
-and prints; it decides nothing.
-
-This module is the entry point (``ebctl.cli:app``): the Typer app, the global options and the ``command``
-decorator, control requests (``request`` / ``ask`` / ``answers``), and the commands that run processes,
-``daemon`` and ``start``. The rest, imported at the end so that their commands register in this order:
-``cli_supervisor`` (``start``'s two process groups), ``cli_control`` (``status``, ``tune``, ``reload``,
-``config``), ``cli_local`` (``profiles``, ``keygen``, ``simulate``); ``cli_view`` prints (JSON, tables).
+"""The base of the ``ebctl`` command line: the Typer app, the global options and the ``command`` decorator,
+exits and messages, and control requests to the daemon (``request`` / ``ask`` / ``answers``). Every other
+module of ``ebctl.cli`` imports from this one, and this one from none of them.
 """
 
-import enum
-import importlib.util
 import inspect
-import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -26,7 +12,6 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ebctl import config
-from ebctl.cli_view import jsonable, status_view  # noqa: F401 -- part of this module's interface
 from ebctl.config import Config, ConfigError
 from ebctl.security import SecurityError
 
@@ -37,7 +22,6 @@ config_app = typer.Typer(no_args_is_help=True, help="Show the effective configur
 app.add_typer(tune_app, name="tune")
 app.add_typer(config_app, name="config")
 
-SGLANG_INSTALL_HINT = "sglang is not installed: pip install 'ebctl[sglang]'"
 CONTROL_TIMEOUT_S = 3.0  # how long a control request waits for the daemon's reply
 
 # ---- global options ------------------------------------------------------------------------------------
@@ -190,82 +174,3 @@ def answers(cfg: Config, timeout_s: float) -> bool:
         return False
 
 
-# ---- daemon, start -------------------------------------------------------------------------------------
-
-@command(app)
-def daemon(cfg: Config, g: Globals) -> None:
-    """Run the daemon in the foreground (what systemd's ebctl.service runs); SIGHUP or `ebctl reload`
-    re-reads the config file, with the same --set overrides applied on top."""
-    from ebctl import daemon as daemon_mod
-
-    try:
-        code = daemon_mod.main(cfg, overrides=g.overrides())
-    except KeyboardInterrupt:  # Ctrl-C: the daemon's own clean-up has run on the way out
-        code = 0
-    raise typer.Exit(code)
-
-
-class Engine(enum.StrEnum):
-    SIM = "sim"
-    SGLANG = "sglang"
-
-
-def _sim_engine_cmd(cfg_path: str, args: Sequence[str]) -> list[str]:
-    """The simulated engine, connected to the daemon through ``cfg_path``; ``args`` are passed on
-    (``--engine-id ID``, ``--workload NAME``, ``--speed X``, ...: ``python -m ebctl.sim.live --help``)."""
-    return [sys.executable, "-m", "ebctl.sim.live", "--config", cfg_path, *args]
-
-
-def engine_command(engine: Engine, cfg_path: str, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The engine's command line and extra environment; exits 1 if the engine is not installed. The engine
-    reads its endpoints from the one config file ``EBCTL_CONFIG`` names."""
-    env = {"EBCTL_CONFIG": cfg_path}
-    if engine is Engine.SGLANG:
-        if importlib.util.find_spec("sglang") is None:
-            fail(SGLANG_INSTALL_HINT, 1)
-        return [sys.executable, "-m", "sglang.launch_server", *args], {**env, "SGLANG_PLUGINS": "ebctl"}
-    if importlib.util.find_spec("ebctl.sim.live") is None:
-        fail("the simulated engine (ebctl.sim.live) is not part of this install", 1)
-    return _sim_engine_cmd(cfg_path, args), env
-
-
-@command(app, context_settings={"ignore_unknown_options": True})
-def start(
-    cfg: Config,
-    engine: Annotated[Engine, typer.Option("--engine", "-e", help="sim: the simulated engine; sglang: "
-                                           "python -m sglang.launch_server with the ebctl plugin")],
-    engine_args: Annotated[list[str] | None, typer.Argument(
-        metavar="ENGINE_ARGS", show_default=False, help="passed to the engine, after --: -- --model-path M")] = None,
-    ready_timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon to answer", min=0.1)] = 20.0,
-    grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL when stopping", min=0.0)] = 10.0,
-) -> None:
-    """Start the daemon and an engine wired to it; stop both on Ctrl-C or when either dies."""
-    cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
-    engine_cmd, engine_env = engine_command(engine, str(cfg_file), list(engine_args or []))
-    from ebctl import security
-
-    try:
-        security.check_endpoints(cfg)
-        security.ensure_runtime_dir(cfg.daemon.runtime_dir)
-    except SecurityError as e:
-        fail(f"ebctl start: {e}", 2)
-    if answers(cfg, timeout_s=0.5):
-        fail(f"ebctl start: a daemon already answers at {cfg.endpoint('control')}: stop it "
-             "(systemctl stop ebctl) or use another --runtime-dir", 1)
-    fd = os.open(cfg_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(config.to_toml(cfg))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}
-    daemon_cmd = [sys.executable, "-m", "ebctl.daemon", "--config", str(cfg_file)]
-    try:
-        code = cli_supervisor.Supervisor(cfg, grace).run(daemon_cmd, engine_cmd, env, ready_timeout,
-                                                         f"{engine} engine")
-    finally:
-        cfg_file.unlink(missing_ok=True)
-    raise typer.Exit(code)
-
-
-# The other modules import from this one, so they come last (as modules, not names: whichever of them is
-# imported first, the cycle resolves); cli_control's and cli_local's commands register on ``app``, in this
-# order, after the ones above.
-from ebctl import cli_control, cli_local, cli_supervisor  # noqa: E402, F401

@@ -12,15 +12,12 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ebctl.protocol import Mode
-
-if TYPE_CHECKING:
-    from ebctl.daemon import Daemon
 
 PREFIX = "ebctl"
 # estimate fields exported as one gauge each: name → help
@@ -42,7 +39,8 @@ ESTIMATE_GAUGES = {
 class DaemonCollector(Collector):
     """Gauges and counters per engine id, read from a running ``Daemon`` at scrape time."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Any) -> None:
+        """``daemon``: a ``core.Daemon`` (its ``engines`` and ``counters`` are read at each scrape)."""
         self._daemon = daemon
 
     def collect(self) -> Iterator[Metric]:

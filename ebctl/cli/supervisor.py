@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebctl.cli import answers, say
+from ebctl.cli.common import answers, say
 from ebctl.config import Config
 
 

@@ -12,32 +12,31 @@ can stop the loop: bad frames are counted (``status``) and logged, rate-limited.
 Run it as ``ebctl daemon`` or ``python -m ebctl.daemon --config FILE [--set KEY=VALUE ...] [--insecure]``.
 SIGTERM (or the ``shutdown`` op) stops it cleanly with exit code 0; SIGHUP re-reads the config file.
 
-This module holds the per-engine state, the core (``ingest``, ``handle_control``) and the entry points;
-``Daemon`` gets its control ops (status, tune, reload, calibrate, config, shutdown) from
-``daemon_control.ControlOps`` and its shell (sockets, loop, publishing, signals) from
-``daemon_shell.DaemonShell``.
+This module holds the core (``ingest``, ``handle_control``) and the entry points; ``Daemon`` gets its
+control ops (status, tune, reload, calibrate, config, shutdown) from ``control.ControlOps`` and its shell
+(sockets, loop, publishing, signals) from ``shell.DaemonShell``; the per-engine records are in ``records``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 from prometheus_client import CollectorRegistry
 
-from ebctl import config, metrics
+from ebctl import config
 from ebctl.config import Config, ConfigError
 from ebctl.controller import Controller
-from ebctl.daemon_control import ControlOps, load_costs
-from ebctl.daemon_shell import _HANDSHAKE_EVENTS, DaemonShell
+from ebctl.daemon import metrics
+from ebctl.daemon.control import ControlOps, load_costs
+from ebctl.daemon.records import MAX_ENGINES, Counters, Engine
+from ebctl.daemon.shell import DaemonShell
 from ebctl.link import reject_reason, topic
 from ebctl.protocol import (
     CONTROL_OPS,
@@ -49,37 +48,6 @@ from ebctl.protocol import (
 )
 
 log = logging.getLogger("ebctl.daemon")
-
-MAX_ENGINES = 4096  # engine ids beyond this are refused (validation): a bounded daemon, whatever peers send
-
-
-@dataclass(slots=True)
-class Engine:
-    """One engine id's controller and bookkeeping (monotonic times)."""
-
-    controller: Controller
-    topic: bytes
-    created: float
-    last_report: float = math.nan
-    last_update: float = math.nan  # when the policy version last changed
-    published: int = -1  # policy version last published
-    last_seq: int = -1
-    seq_gaps: int = 0  # reports missing from the seq sequence: dropped by the link's full queue, or coalesced
-
-
-@dataclass(slots=True)
-class Counters:
-    received: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0, "validation": 0})
-    control_requests: int = 0
-    control_errors: int = 0
-    control_rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0,
-                                                                       "validation": 0})
-    published: int = 0
-    republished: int = 0
-    publish_errors: int = 0
-    handshake_failed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_HANDSHAKE_EVENTS.values(), 0))
-
 
 class Daemon(ControlOps, DaemonShell):
     """``Daemon(cfg).run()`` serves until SIGTERM, ``shutdown`` or ``stop()``; returns the exit code."""
@@ -180,7 +148,7 @@ def main(cfg: Config, *, overrides: dict[str, Any] | None = None) -> int:
     return daemon.run()
 
 
-def _cli(argv: list[str] | None = None) -> int:
+def cli_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ebctl.daemon", description="Run the ebctl daemon.")
     ap.add_argument("--config", default=None, help=f"TOML file (default {config.DEFAULT_PATH} if it exists)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -200,7 +168,3 @@ def _cli(argv: list[str] | None = None) -> int:
         print(f"ebctl daemon: {e}", file=sys.stderr)
         return 2
     return main(cfg, overrides=overrides)
-
-
-if __name__ == "__main__":
-    sys.exit(_cli())

@@ -1,4 +1,4 @@
-"""The daemon's control ops, a mixin of ``ebctl.daemon.Daemon``: ``status`` (the daemon's counters and each
+"""The daemon's control ops, a mixin of ``ebctl.daemon.core.Daemon``: ``status`` (the daemon's counters and each
 engine's policy, estimates and costs), ``tune`` and ``reload`` (a new config, applied atomically or not at
 all), ``calibrate`` (a cost profile from an engine's online fits), ``config`` and ``shutdown``. Each op takes
 the request's args and the wall-clock time and returns a ``ControlReply``; ``Daemon.handle_control``
@@ -15,18 +15,16 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from ebctl import config, profiles, security
 from ebctl.config import Config, ConfigError
 from ebctl.controller import DEFAULT_COSTS
+from ebctl.daemon.records import Engine
 from ebctl.model import Costs
 from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Estimates
-
-if TYPE_CHECKING:
-    from ebctl.daemon import Engine
 
 log = logging.getLogger("ebctl.daemon")
 

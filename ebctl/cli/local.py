@@ -12,8 +12,8 @@ from rich import box
 from rich.table import Table
 
 from ebctl import config, profiles
-from ebctl.cli import app, command, fail
-from ebctl.cli_view import _out, fmt, print_json
+from ebctl.cli.common import app, command, fail
+from ebctl.cli.view import _out, fmt, print_json
 from ebctl.security import SecurityError
 
 

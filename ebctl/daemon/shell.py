@@ -1,7 +1,7 @@
-"""The daemon's shell, a mixin of ``ebctl.daemon.Daemon``: start-up checks and the runtime-dir lock, the
+"""The daemon's shell, a mixin of ``ebctl.daemon.core.Daemon``: start-up checks and the runtime-dir lock, the
 three sockets (and their handshake monitors), the poll loop, publishing and republishing policies, signals,
 and the metrics HTTP server. The socket-free core it drives (``ingest``, ``handle_control``, ``reload``)
-lives in ``ebctl.daemon`` and ``ebctl.daemon_control``; it also uses the Daemon's ``cfg``, ``engines``,
+lives in ``core.py`` and ``control.py``; it also uses the Daemon's ``cfg``, ``engines``,
 ``counters``, ``registry``, ``_stop``, ``_reload_requested`` and ``_pub``.
 """
 
@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -24,10 +23,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ebctl import security
 from ebctl.config import ConfigError
+from ebctl.daemon.records import HANDSHAKE_EVENTS, Engine
 from ebctl.protocol import ControlReply, encode
-
-if TYPE_CHECKING:
-    from ebctl.daemon import Engine
 
 log = logging.getLogger("ebctl.daemon")
 
@@ -35,9 +32,6 @@ BATCH = 512  # telemetry frames per loop turn: control requests and the republis
 POLL_MAX_S = 0.1  # longest sleep: how soon a signal or stop() is noticed
 MAX_MSG_BYTES = 4 << 20
 MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
-_HANDSHAKE_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
-                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth"}
-
 
 class DaemonShell:
     """The shell of ``Daemon``: sockets, timers, signals."""
@@ -65,7 +59,7 @@ class DaemonShell:
             auth = security.start_authenticator(ctx, self.cfg)
             tel, self._pub, ctl = (self._bind(ctx, kind, which, sockets, bound) for kind, which in
                                    ((zmq.PULL, "telemetry"), (zmq.PUB, "policy"), (zmq.REP, "control")))
-            monitors = {s.get_monitor_socket(sum(_HANDSHAKE_EVENTS)): s for s in (tel, self._pub, ctl)}
+            monitors = {s.get_monitor_socket(sum(HANDSHAKE_EVENTS)): s for s in (tel, self._pub, ctl)}
             sockets.extend(monitors)
             if self.cfg.daemon.metrics_port:
                 http = start_http_server(self.cfg.daemon.metrics_port, addr=self.cfg.daemon.metrics_host,
@@ -212,7 +206,7 @@ class DaemonShell:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)
         except zmq.ZMQError:
             return
-        kind = _HANDSHAKE_EVENTS.get(event["event"])
+        kind = HANDSHAKE_EVENTS.get(event["event"])
         if kind is not None:
             self.counters.handshake_failed[kind] += 1
             log.warning("handshake failed (%s) on %s", kind, event.get("endpoint", b"").decode(errors="replace"))
