@@ -1,0 +1,195 @@
+"""The iteration-cost model every part of ebctl shares, and the one test that says whether a fit is good.
+
+What one engine iteration costs, from what the iteration report says it held (DESIGN.md, "Per-iteration
+contract"): per batch kind (prefill, decode, mixed) a linear function of
+
+    x = (1, prefill_tokens, prefill_reqs, decode_reqs, decode_ctx_tokens, switched)
+
+where ``switched`` is 1 when the previous non-idle iteration was of another kind (a decode step after a
+prefill, a prefill after decode steps): the engine's cost of changing phase, if the data show one. The
+intercept holds the engine's fixed per-iteration overheads (scheduling, input preparation, the weights
+streamed once); the per-request terms its per-request overheads (sampling, output processing); the decode
+context term the attention over each request's KV. The paper's α/β (section 3.1) are special cases.
+
+One model, three users: the daemon fits it online from iteration reports, ``ebctl tune calibrate`` writes
+it into a profile, and the simulator prices iterations with it. A fit is used only if it passes
+:func:`judge`: the median relative error of its predictions on held-out iterations is at most
+``max_rel_err`` (20% by default) and no worse than predicting the training mean. R² is not the test:
+a cost that is nearly flat in a feature (small models, CPU) is well predicted with R² ≈ 0.
+
+Pure: numpy/scipy only, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+from scipy.optimize import nnls
+
+from ebctl.protocol import BatchKind
+
+FEATURES = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched")
+# The features a kind's iterations can carry (a prefill holds no decode rows, a decode step no prompt).
+KIND_FEATURES: dict[BatchKind, tuple[str, ...]] = {
+    BatchKind.PREFILL: ("prefill_tokens", "prefill_reqs", "switched"),
+    BatchKind.DECODE: ("decode_reqs", "decode_ctx_tokens", "switched"),
+    BatchKind.MIXED: ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched"),
+}
+MAX_REL_ERR = 0.20  # the project's one threshold for a usable cost fit
+MIN_SAMPLES = 20  # iterations a kind needs before it is fitted
+HOLDOUT_EVERY = 5  # every 5th iteration is held out to judge the fit
+_SIMPLER_WITHIN = 1.02  # drop a feature when the fit without it is at most 2% worse on held-out data
+# A fit must beat the mean predictor; a cost flat in every feature is fitted by a constant, which is the
+# mean up to weighting, so "beat" allows a 1% tie.
+_NO_WORSE_THAN_MEAN = 1.01
+
+
+class PhaseCost(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds per iteration of one kind: intercept + Σ coefficient · feature (all coefficients ≥ 0)."""
+
+    intercept_s: float = 0.0
+    prefill_token_s: float = 0.0
+    prefill_req_s: float = 0.0
+    decode_req_s: float = 0.0
+    decode_ctx_token_s: float = 0.0
+    switched_s: float = 0.0
+
+    def coef(self) -> np.ndarray:
+        """(intercept, then one coefficient per name of :data:`FEATURES`)."""
+        return np.array([self.intercept_s, self.prefill_token_s, self.prefill_req_s, self.decode_req_s,
+                         self.decode_ctx_token_s, self.switched_s])
+
+    def predict(self, prefill_tokens: float = 0, prefill_reqs: float = 0, decode_reqs: float = 0,
+                decode_ctx_tokens: float = 0, switched: float = 0) -> float:
+        return (self.intercept_s + self.prefill_token_s * prefill_tokens + self.prefill_req_s * prefill_reqs
+                + self.decode_req_s * decode_reqs + self.decode_ctx_token_s * decode_ctx_tokens
+                + self.switched_s * switched)
+
+
+def phase_cost(coef: np.ndarray) -> PhaseCost:
+    """The PhaseCost of a coefficient vector in :meth:`PhaseCost.coef` order."""
+    c = [float(v) for v in coef]
+    return PhaseCost(intercept_s=c[0], prefill_token_s=c[1], prefill_req_s=c[2], decode_req_s=c[3],
+                     decode_ctx_token_s=c[4], switched_s=c[5])
+
+
+class IterationCosts(msgspec.Struct, frozen=True, kw_only=True):
+    """One PhaseCost per batch kind; None where nothing is known (then :meth:`predict` gives NaN)."""
+
+    prefill: PhaseCost | None = None
+    decode: PhaseCost | None = None
+    mixed: PhaseCost | None = None
+
+    def phase(self, kind: BatchKind) -> PhaseCost | None:
+        return {BatchKind.PREFILL: self.prefill, BatchKind.DECODE: self.decode,
+                BatchKind.MIXED: self.mixed}.get(kind)
+
+    def predict(self, kind: BatchKind, **features: float) -> float:
+        """Seconds for one iteration of ``kind`` with the given :data:`FEATURES` (0 when not given)."""
+        c = self.phase(kind)
+        return math.nan if c is None else c.predict(**features)
+
+
+class Quality(NamedTuple):
+    """What :func:`judge` found: the fit's median relative error on held-out iterations, the same error
+    when predicting the training mean, and the verdict (``ok``) with its reason."""
+
+    ok: bool
+    median_rel_err: float
+    mean_rel_err: float  # the baseline: predicting the mean of the training iterations
+    n_test: int
+    reason: str
+
+
+def judge(predicted: np.ndarray, actual: np.ndarray, baseline: float, *,
+          max_rel_err: float = MAX_REL_ERR) -> Quality:
+    """The quality test of every cost fit in the project: on held-out iterations, the median of
+    |predicted − actual| / actual must be ≤ ``max_rel_err`` and not above that of predicting ``baseline``
+    (the training mean) for every iteration (a 1% tie allowed: a constant fit of a flat cost is the mean)."""
+    a = np.asarray(actual, dtype=float)
+    p = np.asarray(predicted, dtype=float)
+    keep = np.isfinite(a) & (a > 0) & np.isfinite(p)
+    a, p = a[keep], p[keep]
+    if a.size == 0:
+        return Quality(False, math.nan, math.nan, 0, "no held-out iterations")
+    err = float(np.median(np.abs(p - a) / a))
+    base = float(np.median(np.abs(baseline - a) / a))
+    if err > max_rel_err:
+        return Quality(False, err, base, int(a.size), f"median error {err:.1%} > {max_rel_err:.0%}")
+    if err > base * _NO_WORSE_THAN_MEAN:
+        return Quality(False, err, base, int(a.size), f"median error {err:.1%} above the mean's {base:.1%}")
+    return Quality(True, err, base, int(a.size), f"median error {err:.1%} (mean predictor {base:.1%})")
+
+
+class PhaseFit(NamedTuple):
+    """A fitted PhaseCost (fitted on all samples with the kept features), its held-out quality, and the
+    features kept (the others could not be supported by the data and are 0)."""
+
+    cost: PhaseCost | None
+    quality: Quality
+    features: tuple[str, ...]
+    n: int
+
+
+def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: float = MAX_REL_ERR,
+              min_samples: int = MIN_SAMPLES) -> PhaseFit:
+    """Fit one kind's PhaseCost by non-negative least squares on relative error.
+
+    ``x``: one row per iteration, one column per name of :data:`FEATURES`; ``y``: seconds. Every
+    ``HOLDOUT_EVERY``-th iteration is held out and judged (:func:`judge`). Features with no spread are
+    dropped; then each remaining feature is dropped while the fit without it is at most 2% worse on the
+    held-out iterations (a simpler model the data support as well). Rows are weighted by 1/y, so the
+    least squares minimise relative error, the quantity judged.
+    """
+    x = np.asarray(x, dtype=float).reshape(-1, len(FEATURES))
+    y = np.asarray(y, dtype=float)
+    good = np.isfinite(y) & (y > 0) & np.isfinite(x).all(axis=1) & (x >= 0).all(axis=1)
+    x, y = x[good], y[good]
+    n = int(y.size)
+    if n < min_samples:
+        return PhaseFit(None, Quality(False, math.nan, math.nan, 0, f"{n} iterations < {min_samples}"), (), n)
+    test = np.arange(n) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    cols = [FEATURES.index(f) for f in KIND_FEATURES[kind] if _spread(x[:, FEATURES.index(f)])]
+
+    def held_out_err(use: list[int]) -> float:
+        coef = _nnls(x[~test], y[~test], use)
+        pred = _design(x[test], use) @ coef
+        return float(np.median(np.abs(pred - y[test]) / y[test]))
+
+    err = held_out_err(cols)
+    changed = True
+    while changed and cols:
+        changed = False
+        for c in list(cols):
+            rest = [d for d in cols if d != c]
+            e = held_out_err(rest)
+            if e <= err * _SIMPLER_WITHIN:
+                cols, err, changed = rest, min(err, e), True
+                break
+    coef_train = _nnls(x[~test], y[~test], cols)
+    quality = judge(_design(x[test], cols) @ coef_train, y[test], float(np.mean(y[~test])),
+                    max_rel_err=max_rel_err)
+    full = np.zeros(len(FEATURES) + 1)
+    full[[0, *(c + 1 for c in cols)]] = _nnls(x, y, cols)
+    return PhaseFit(phase_cost(full), quality, tuple(FEATURES[c] for c in cols), n)
+
+
+def _spread(col: np.ndarray) -> bool:
+    """A column the fit can learn from: at least two distinct values, not all equal up to rounding."""
+    return col.size > 1 and float(np.ptp(col)) > 1e-9 * max(1.0, float(np.abs(col).max()))
+
+
+def _design(x: np.ndarray, cols: list[int]) -> np.ndarray:
+    return np.column_stack([np.ones(len(x)), *(x[:, c] for c in cols)])
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Coefficients (intercept first) ≥ 0 minimising Σ ((a·x − y)/y)², columns scaled for conditioning."""
+    a = _design(x, cols) / y[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale, np.ones(len(y)), maxiter=50 * a.shape[1])
+    return coef / scale
