@@ -8,6 +8,7 @@ this module adds the daemon's keys and the validation. ``ebctl config show`` pri
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
@@ -164,7 +165,7 @@ class Config:
         for key, raw in updates.items():
             spec = SPECS.get(key)
             if spec is None:
-                raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(SPECS))})")
+                raise unknown_key(key)
             section, name = key.split(".", 1)
             by_section[section][name] = coerce(key, raw)
         cfg = Config(daemon=dataclasses.replace(self.daemon, **by_section["daemon"]),
@@ -189,6 +190,15 @@ class Config:
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {"daemon": dataclasses.asdict(self.daemon), "controller": dataclasses.asdict(self.controller),
                 "engine": dataclasses.asdict(self.engine)}
+
+
+def unknown_key(key: str) -> ConfigError:
+    """The error for a key not in SPECS: the closest known keys (difflib), not all of them."""
+    name = key.rpartition(".")[2]
+    close = [k for k in SPECS if k.rpartition(".")[2] == name]  # the right name in another section
+    close = close or difflib.get_close_matches(key, SPECS, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "`ebctl config show` lists every key"
+    return ConfigError(f"unknown key {key!r}: {hint}")
 
 
 def coerce(key: str, raw: Any) -> Any:

@@ -344,8 +344,10 @@ class ControlClient:
                     raise
 
     def close(self) -> None:
+        """Close the socket and the context. ``destroy`` also closes a socket that an interrupt (Ctrl-C)
+        orphaned between ``ctx.socket()`` and ``self._sock``: ``term()`` alone would wait on it forever."""
         self._reset()
-        self._ctx.term()
+        self._ctx.destroy(linger=0)
 
     def __enter__(self) -> ControlClient:
         return self
