@@ -83,7 +83,7 @@ def steady_window(base: ProfileCostModel, mu_l: int, mu_o: int, *, kv_tokens: in
     Window: from the iteration where a quarter of the requests have finished to the one after which the
     client has nothing left to issue (still saturated)."""
     rec = _Recorder(base.with_interference(interference))
-    cfg = EngineConfig(max_running=REF_MAX_RUNNING, token_budget=REF_TOKEN_BUDGET, kv_tokens=kv_tokens)
+    cfg = EngineConfig(rules="vllm", max_running=REF_MAX_RUNNING, token_budget=REF_TOKEN_BUDGET, kv_tokens=kv_tokens)
     eng = Engine(cfg, rec)
     eng.policy = Policy(mode=Mode.MB, k=1, n_max=REF_MAX_RUNNING, ttl_s=float("inf"))
     wl = synthetic(mu_l, mu_o, REQUESTS, seed=SEED)

@@ -1,29 +1,22 @@
 """The simulated engine: nano-vllm's ``step()`` (schedule → cost → postprocess) with simulated time passed in.
 
-One iteration: ask the :class:`~ebctl.gate.PhaseGate` with numbers the engine has (the same call the SGLang
-hook makes), build the batch, price it with a cost model, advance every request in it, and return the
-:class:`~ebctl.protocol.IterationReport` a real engine would send. No clock, no randomness: the same requests
-and policies give the same run. The policy is injected between steps (``engine.policy = p``).
+One iteration: the rules in force build the batch (asking the :class:`~ebctl.gate.PhaseGate` with numbers
+the engine has, the same call the SGLang hook makes), a cost model prices it, every request in it advances,
+and the :class:`~ebctl.protocol.IterationReport` a real engine would send comes out. No clock, no randomness:
+the same requests and policies give the same run. The policy is injected between steps (``engine.policy = p``).
 
-Model of the engine (SGLang/vLLM-like):
+Two rule sets (``EngineConfig.rules``), each in its own module:
 
-* ``max_running`` request slots; a request holds its slot from admission (its prompt's KV allocated in
-  full) to completion. Per-slot state lives in numpy arrays, so a decode step is a few vector operations.
-* Paged KV of ``kv_tokens`` tokens in blocks of ``block_size``; a decode row takes a new block when its
-  context crosses a block boundary. Admission keeps ``watermark`` of the blocks free (vLLM's watermark).
-  When a decode step cannot get its blocks the newest admitted request is preempted (recompute: it
-  re-queues at the front and later re-prefills prompt + generated tokens); a queue head that does not
-  fit is refused until KV frees (counted). A prompt larger than the whole cache is aborted; a lone request
-  that outgrows the cache is truncated (finish reason "length").
-* Token budget ``token_budget`` per iteration with chunked prefill. A prompt, once started, is finished
-  before anything else is admitted (partial chunks go first in every prefill or mixed iteration).
-* Non-mixed iterations (EB, stock): a prefill iteration whenever a prompt is mid-way or the gate allows
-  prefill and the queue head can be admitted; otherwise a decode iteration over every decoding request.
-  Stock behaviour (no policy): prefill first, up to ``max_running`` (SGLang's default, EB with k = 1).
-* Mixed iterations (gate ``mixed``): every decode row first, then the rest of the budget in prefill
-  chunks (vLLM v1's decode-first rule); an iteration that had to preempt admits nothing new. Decode rows
-  are never cut by the budget (``max_running`` ≤ ``token_budget`` is assumed, as in the defaults).
-* The prefill that completes a prompt produces its first token (TTFT); each decode row produces one.
+* ``sglang`` (default, :mod:`ebctl.sim.rules_sglang`): sglang 0.5.23's scheduler: prefill first, the
+  ``PrefillAdder`` admission with its KV reservation, one chunked request, retraction when decode runs out
+  of KV, ``--enable-mixed-chunk``. The engine ebctl steers.
+* ``vllm`` (:mod:`ebctl.sim.rules_vllm`): vLLM's V0 (prefill first) and v1 (decode first, mixed chunked
+  prefill) rules with a watermark and recompute preemption: the engine the paper measured on.
+
+What both share (here): per-slot state in numpy arrays (a decode step is a few vector operations), KV in
+pages of ``block_size`` tokens (a decode row takes a page when its context crosses a page boundary), the
+postprocess (a prefill that completes a prompt produces its first token, each decode row one more, a request
+leaves with its output length), the report. ``Engine(config, cost_model)`` builds the rules' class.
 """
 
 from __future__ import annotations
@@ -35,30 +28,47 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebctl.gate import PhaseGate
-from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode, Policy
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Policy
 from ebctl.sim.costs import Batch, CostModel
 
 ITL_KEEP = 8_000_000  # inter-token gaps kept for percentiles before thinning
+RULES = ("sglang", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    max_running: int = 1024  # N: request slots
-    token_budget: int = 8192  # B: tokens per iteration (chunked prefill)
-    kv_tokens: int = 500_000  # C
-    block_size: int = 16  # b
-    watermark: float = 0.01  # share of KV blocks admission leaves free
+    rules: str = "sglang"  # whose scheduler: sglang 0.5.23's or vLLM's (V0 stock, v1 mixed)
+    max_running: int = 1024  # N: request slots (--max-running-requests, max_num_seqs)
+    token_budget: int = 8192  # B: tokens per iteration (--chunked-prefill-size, max_num_batched_tokens)
+    kv_tokens: int = 500_000  # C (--max-total-tokens)
+    block_size: int = 0  # KV page in tokens; 0: the rules' default (sglang page_size 1, vLLM block 16)
+    watermark: float = 0.01  # vLLM: share of KV blocks admission leaves free
     mixed_chunk: bool = False  # the launch setting used when the gate leaves mixing to the engine
+    max_prefill_tokens: int = 16384  # sglang --max-prefill-tokens: prefill tokens of one batch
+    max_new_tokens: int = 0  # sglang: 0 = each request's own output length, sent with ignore_eos;
+    # > 0 = this max_new_tokens on every request, which stops at its own length (EOS): new_token_ratio applies
+    schedule_conservativeness: float = 1.0  # sglang: initial new_token_ratio = min(0.7 × this, 1)
     engine_id: str = "sim"
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "token_budget", "kv_tokens", "block_size"):
+        if self.rules not in RULES:
+            raise ValueError(f"rules={self.rules!r}: must be one of {', '.join(RULES)}")
+        for name in ("max_running", "token_budget", "kv_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.kv_tokens < self.block_size:
-            raise ValueError(f"kv_tokens={self.kv_tokens} is less than one block ({self.block_size})")
+        if self.block_size < 0 or self.max_new_tokens < 0:
+            raise ValueError(f"block_size={self.block_size}, max_new_tokens={self.max_new_tokens}: must be >= 0")
+        if self.kv_tokens < self.page:
+            raise ValueError(f"kv_tokens={self.kv_tokens} is less than one page ({self.page})")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark={self.watermark}: must be in [0, 1)")
+        if not self.schedule_conservativeness > 0:
+            raise ValueError(f"schedule_conservativeness={self.schedule_conservativeness}: must be > 0")
+
+    @property
+    def page(self) -> int:
+        """KV page (block) size in tokens."""
+        return self.block_size or (1 if self.rules == "sglang" else 16)
 
 
 class Requests:
@@ -94,7 +104,17 @@ class Requests:
 
 
 class Engine:
-    """A continuous-batching engine over simulated time; ``step(now)`` runs one iteration."""
+    """A continuous-batching engine over simulated time; ``step(now)`` runs one iteration.
+
+    ``Engine(config, cost_model)`` returns the class of ``config.rules``; a rule set implements
+    ``_schedule(policy, now, finished) -> (batch, decode rows or None, prefill chunk slots)``."""
+
+    def __new__(cls, config: EngineConfig, cost_model: CostModel) -> Engine:
+        if cls is Engine:
+            from ebctl.sim import rules_sglang, rules_vllm  # the rule sets subclass this one
+
+            cls = rules_sglang.SglangEngine if config.rules == "sglang" else rules_vllm.VllmEngine
+        return object.__new__(cls)
 
     def __init__(self, config: EngineConfig, cost_model: CostModel) -> None:
         self.cfg = c = config
@@ -104,12 +124,14 @@ class Engine:
         self.req = Requests()
         self.queue: deque[int] = deque()
         n = c.max_running
-        self.total_blocks = c.kv_tokens // c.block_size
+        self.page = c.page
+        self.total_blocks = c.kv_tokens // self.page
         self.free_blocks = self.total_blocks
-        self._watermark = int(c.watermark * self.total_blocks)
         self.rid = np.full(n, -1, dtype=np.int64)
         self.ctx = np.zeros(n, dtype=np.int64)  # tokens in KV (after prefill: the prompt; +1 per decode)
         self.left = np.zeros(n, dtype=np.int64)  # output tokens still to produce
+        self.out = np.zeros(n, dtype=np.int64)  # output tokens produced so far (before preemptions too)
+        self.max_new = np.zeros(n, dtype=np.int64)  # sglang: the request's max_new_tokens
         self.blocks = np.zeros(n, dtype=np.int64)
         self.seq = np.full(n, -1, dtype=np.int64)  # admission order, -1 on free slots
         self.last_tok = np.zeros(n, dtype=np.float64)
@@ -119,6 +141,7 @@ class Engine:
         self._free_slots = list(range(n - 1, -1, -1))
         self._prefilling: list[int] = []  # slots mid-prompt, in admission order
         self._admitted = 0
+        self._last_kind = BatchKind.IDLE  # of the last non-idle iteration (the cost's ``switched``)
         self.itl: list[np.ndarray] = []  # inter-token gaps; thinned to every ``_itl_stride``-th past ITL_KEEP
         self._itl_n = 0
         self._itl_stride = 1
@@ -149,65 +172,41 @@ class Engine:
 
     @property
     def kv_used(self) -> int:
-        return (self.total_blocks - self.free_blocks) * self.cfg.block_size
+        return (self.total_blocks - self.free_blocks) * self.page
 
     def step(self, now: float) -> IterationReport:
         """Schedule → cost → postprocess; the iteration starts at ``now`` and ends at ``wall_time``."""
         policy = self.policy if self.policy is not None and not self.policy.expired(now) else None
         self.last_finished = []
         finished: list[FinishedRequest] = []
-        d = self.gate.decide(policy, running=self.running, waiting=len(self.queue),
-                             kv_free_frac=self.free_blocks / self.total_blocks,
-                             now=now)
-        cap = self.cfg.max_running
-        if policy is not None and policy.mode is not Mode.OFF:
-            cap = min(cap, policy.n_max)
-        admit_max = d.admit_max if d.admit_max is not None else self.cfg.max_running
-        mixed = d.mixed if d.mixed is not None else self.cfg.mixed_chunk
-
-        # schedule
-        batch, chunks = Batch(), []
-        rows = None
-        if mixed:
-            preempted = self.preemptions
-            rows = self._grow_kv(now, finished)
-            budget = self.cfg.token_budget - int(np.count_nonzero(rows))
-            if budget > 0:  # no new admissions in an iteration that had to preempt (vLLM v1's rule)
-                self._schedule_prefill(batch, chunks, budget, d.allow_prefill and
-                                                  self.preemptions == preempted, admit_max, cap, now, finished)
-        else:
-            self._schedule_prefill(batch, chunks, self.cfg.token_budget, d.allow_prefill,
-                                              admit_max, cap, now, finished)
-            if not batch.prefill_tokens:
-                rows = self._grow_kv(now, finished)
-        if rows is not None and rows.any():
-            self.ctx += rows
-            batch.decode_ctx = self.ctx[rows]
-        else:
-            rows = None
+        batch, rows, chunks = self._schedule(policy, now, finished)
         running, waiting = self.running, len(self.queue)
         self.peak_kv_blocks = max(self.peak_kv_blocks, self.total_blocks - self.free_blocks)
         kv_used = self.kv_used
+        kind = (BatchKind.MIXED if batch.prefill_tokens and rows is not None else
+                BatchKind.PREFILL if batch.prefill_tokens else
+                BatchKind.DECODE if rows is not None else BatchKind.IDLE)
 
         # cost
-        dt = float(self.cost.step_time(batch)) if batch.prefill_tokens or rows is not None else 0.0
+        dt = 0.0
+        if kind is not BatchKind.IDLE:
+            batch.switched = self._last_kind is not BatchKind.IDLE and kind is not self._last_kind
+            self._last_kind = kind
+            dt = float(self.cost.step_time(batch))
         t = now + dt
 
         # postprocess
         if rows is not None:
             self.left -= rows
+            self.out += rows
             self._keep_itl(t - self.last_tok[rows])
             np.putmask(self.last_tok, rows, t)
-            n_dec = batch.decode_ctx.size
-            self.tokens_out += n_dec
+            self.tokens_out += batch.decode_ctx.size
             for s in np.flatnonzero(rows & (self.left == 0)).tolist():
                 self._finish(s, t, "stop", finished)
         for s in chunks:
-            if self.pf_left[s] == 0:
+            if self.pf_left[s] == 0 and self.rid[s] >= 0:
                 self._complete_prefill(s, t, finished)
-        kind = (BatchKind.MIXED if batch.prefill_tokens and rows is not None else
-                BatchKind.PREFILL if batch.prefill_tokens else
-                BatchKind.DECODE if rows is not None else BatchKind.IDLE)
         self.steps[kind] += 1
         self.busy_s += dt
         self.running_area += running * dt
@@ -215,49 +214,35 @@ class Engine:
             engine_id=self.cfg.engine_id, seq=sum(self.steps.values()), wall_time=t, forward_s=dt, kind=kind,
             prefill_reqs=len(batch.chunk_lens), prefill_tokens=batch.prefill_tokens,
             decode_reqs=batch.decode_ctx.size, decode_ctx_tokens=int(batch.decode_ctx.sum()),
-            running=running, waiting=waiting, kv_used=kv_used, kv_total=self.total_blocks * self.cfg.block_size,
+            running=running, waiting=waiting, kv_used=kv_used, kv_total=self.total_blocks * self.page,
             max_running=self.cfg.max_running,
             policy_version=policy.version if policy is not None else -1, finished=tuple(finished))
 
-    # --- schedule -----------------------------------------------------------------------------------
-    def _schedule_prefill(self, batch: Batch, chunks: list[int], budget: int, allow_new: bool, admit_max: int,
-                          cap: int, now: float, finished: list[FinishedRequest]) -> int:
-        """Partial prompts first, then (if allowed) new admissions from the queue head; returns admissions."""
-        for s in self._prefilling:
-            if budget <= 0:
-                break
-            budget -= self._chunk(batch, chunks, s, budget)
-        admitted = 0
-        if not allow_new:
-            return 0
-        b, req = self.cfg.block_size, self.req
-        while self.queue and budget > 0 and admitted < admit_max and self.running < cap:
-            r = self.queue[0]
-            p = req.input_len[r] + req.generated[r]
-            need = -(-p // b)
-            running = self.running
-            if need > self.free_blocks - (self._watermark if running else 0):
-                if running == 0 and need > self.total_blocks:
-                    self.queue.popleft()
-                    self._abort(r, now, finished)
-                    continue
-                self.kv_refusals += 1
-                break
-            self.queue.popleft()
-            s = self._free_slots.pop()
-            self.rid[s], self.ctx[s], self.blocks[s] = r, 0, need
-            self.left[s] = req.output_len[r] - req.generated[r]
-            self.seq[s] = self._admitted
-            self.last_tok[s] = req.last_token[r]
-            self._admitted += 1
-            self.free_blocks -= need
-            self.pf_left[s] = self.pf_total[s] = p
-            self._prefilling.append(s)
-            admitted += 1
-            budget -= self._chunk(batch, chunks, s, budget)
-        return admitted
+    def _schedule(self, policy: Policy | None, now: float,
+                  finished: list[FinishedRequest]) -> tuple[Batch, np.ndarray | None, list[int]]:
+        raise NotImplementedError
+
+    # --- shared pieces of scheduling ----------------------------------------------------------------
+    def _admit(self, r: int) -> int:
+        """Give queued request ``r`` a slot, its prompt (plus tokens made before a preemption) to prefill;
+        its KV pages are taken by the rules (``blocks``/``free_blocks``). Returns the slot."""
+        req = self.req
+        s = self._free_slots.pop()
+        p = req.input_len[r] + req.generated[r]
+        self.rid[s], self.ctx[s], self.blocks[s] = r, 0, 0
+        self.left[s] = req.output_len[r] - req.generated[r]
+        self.out[s] = req.generated[r]
+        self.max_new[s] = max(self.cfg.max_new_tokens, req.output_len[r]) if self.cfg.max_new_tokens \
+            else req.output_len[r]
+        self.seq[s] = self._admitted
+        self.last_tok[s] = req.last_token[r]
+        self._admitted += 1
+        self.pf_left[s] = self.pf_total[s] = p
+        self._prefilling.append(s)
+        return s
 
     def _chunk(self, batch: Batch, chunks: list[int], s: int, budget: int) -> int:
+        """Put up to ``budget`` more tokens of slot ``s``'s prompt in the batch; returns how many."""
         take = min(self.pf_left[s], budget)
         batch.chunk_starts.append(self.pf_total[s] - self.pf_left[s])
         batch.chunk_lens.append(take)
@@ -267,28 +252,17 @@ class Engine:
         chunks.append(s)
         return take
 
-    def _grow_kv(self, now: float, finished: list[FinishedRequest]) -> np.ndarray:
-        """Decode rows of this iteration, their new KV blocks taken; preempts (newest first) when short."""
-        rows = self.dec.copy()
-        b = self.cfg.block_size
-        needs = rows & (self.ctx % b == 0)
-        need = int(np.count_nonzero(needs))
-        while need > self.free_blocks:
-            s = int(np.argmax(self.seq))
-            if self.running == 1:  # one request bigger than the whole cache: stop it where it is
-                r = int(self.rid[s])
-                self.truncated += 1
-                self.req.output_len[r] = int(self.req.output_len[r] - self.left[s])
-                self._finish(s, now, "length", finished)
-            else:
-                self._preempt(s, now)
-            rows[s] = needs[s] = False
-            need = int(np.count_nonzero(needs))
-        self.blocks += needs
-        self.free_blocks -= need
+    def _decode_rows(self, rows: np.ndarray, batch: Batch) -> np.ndarray | None:
+        """The decode rows' contexts grow by the token they make; None when there are none."""
+        if not rows.any():
+            return None
+        self.ctx += rows
+        batch.decode_ctx = self.ctx[rows]
         return rows
 
-    def _preempt(self, s: int, now: float) -> None:
+    def _requeue(self, s: int, now: float, *, front: bool) -> None:
+        """Take a running request out (preempted or retracted): its KV is freed, its progress kept (it
+        re-prefills prompt + generated tokens on return)."""
         r = int(self.rid[s])
         req = self.req
         req.generated[r] = int(req.output_len[r] - self.left[s])
@@ -300,7 +274,10 @@ class Engine:
             self.tokens_prefilled -= self.pf_total[s] - self.pf_left[s]  # that work is lost
             self.pf_left[s] = 0
         self._release(s)
-        self.queue.appendleft(r)
+        if front:
+            self.queue.appendleft(r)
+        else:
+            self.queue.append(r)
         self.preemptions += 1
 
     # --- postprocess --------------------------------------------------------------------------------
@@ -310,6 +287,7 @@ class Engine:
         r = int(self.rid[s])
         self.ctx[s] = self.pf_total[s]
         self.left[s] -= 1
+        self.out[s] += 1
         self.tokens_out += 1
         if math.isnan(self.req.first_token[r]):
             self.req.first_token[r] = t
@@ -340,8 +318,13 @@ class Engine:
     def _release(self, s: int) -> None:
         self.free_blocks += int(self.blocks[s])
         self.rid[s], self.seq[s], self.blocks[s], self.ctx[s], self.left[s] = -1, -1, 0, 0, 0
+        self.out[s] = self.max_new[s] = 0
         self.dec[s] = False
         self._free_slots.append(s)
+        self._released()
+
+    def _released(self) -> None:
+        """A request left the running set (the rules may clear a sticky state)."""
 
     def _keep_itl(self, gaps: np.ndarray) -> None:
         """Store gaps (float32); past ITL_KEEP values keep every stride-th, doubling the stride (bounded memory)."""
@@ -352,4 +335,3 @@ class Engine:
         if self._itl_n > ITL_KEEP:
             kept = np.concatenate(self.itl)[::2]
             self.itl, self._itl_n, self._itl_stride = [kept], kept.size, self._itl_stride * 2
-

@@ -79,7 +79,7 @@ def _fit_points():
 def test_saturated_mb_reproduces_the_measured_vllm_v1_throughput(h200, h200_model, mu_l, mu_o, measured):
     """A saturated mixed-batching run (c = 2,048, vLLM v1 defaults) within 10% of tok_per_s_v1."""
     kv = hardware.kv_capacity_tokens(h200.model, h200.gpu)
-    cfg = EngineConfig(max_running=1024, token_budget=8192, kv_tokens=kv)
+    cfg = EngineConfig(rules="vllm", max_running=1024, token_budget=8192, kv_tokens=kv)
     wl = workloads.synthetic(mu_l, mu_o, 5000, seed=11)
     res = runner.run(wl, policies.make("mb", max_running=1024, kv_tokens=kv), h200_model, cfg, concurrency=2048)
     assert res["steady_total_tok_per_s"] == pytest.approx(measured, rel=0.10)

@@ -30,15 +30,16 @@ class _Spy:
         self.inner.observe(rep)
 
 
-def _tight():
+def _tight(rules="sglang"):
     # 32 slots, KV for ~12 average requests, a 256-token budget: chunking, refusals and preemption all happen
-    return EngineConfig(max_running=32, token_budget=256, kv_tokens=6_000, block_size=16)
+    return EngineConfig(rules=rules, max_running=32, token_budget=256, kv_tokens=6_000, block_size=16)
 
 
+@pytest.mark.parametrize("rules", ["sglang", "vllm"])
 @pytest.mark.parametrize("spec", POLICIES)
-def test_conservation_and_kv_bound(spec, h200, h200_model):
+def test_conservation_and_kv_bound(spec, rules, h200, h200_model):
     wl = workloads.synthetic(300, 120, 600, seed=3, outputs="geometric")
-    cfg = _tight()
+    cfg = _tight(rules)
     src = _Spy(policies.make(spec, max_running=cfg.max_running, kv_tokens=cfg.kv_tokens, costs=h200.costs))
     res = runner.run(wl, src, h200_model, cfg, concurrency=48, keep_engine=True)
     eng = res["_engine"]
@@ -61,7 +62,8 @@ def test_conservation_and_kv_bound(spec, h200, h200_model):
     # KV never above C, and it was actually under pressure
     assert all(rep.kv_used <= rep.kv_total == cfg.kv_tokens for rep in src.reports)
     assert res["peak_kv_tokens"] <= cfg.kv_tokens
-    assert res["peak_kv_frac"] > 0.9
+    # vLLM admits up to its watermark; sglang reserves every running request's remaining output first
+    assert res["peak_kv_frac"] > (0.9 if rules == "vllm" else 0.75)
     if "kv=" not in spec:  # with a KV reserve EB refills only while KV is free: no refusals needed
         assert eng.kv_refusals + res["preemptions"] > 0
     # the engine is empty at the end
@@ -73,7 +75,8 @@ def test_conservation_and_kv_bound(spec, h200, h200_model):
 def test_preemption_is_counted_and_loses_nothing(h200_model):
     # long outputs grow past KV: decode has to preempt, and every token still comes out once
     wl = workloads.synthetic(64, 600, 80, seed=5)
-    cfg = EngineConfig(max_running=32, token_budget=2048, kv_tokens=8_000, block_size=16, watermark=0.0)
+    cfg = EngineConfig(rules="vllm", max_running=32, token_budget=2048, kv_tokens=8_000, block_size=16,
+                       watermark=0.0)
     res = runner.run(wl, policies.make("v0", max_running=32, kv_tokens=8_000), h200_model, cfg,
                      concurrency=80, keep_engine=True)
     eng = res["_engine"]
@@ -113,7 +116,8 @@ def test_chunked_prefill_splits_long_prompts(h200_model):
 
 
 def test_prompt_larger_than_cache_is_aborted_and_lone_overgrowth_truncated(h200_model):
-    eng = Engine(EngineConfig(max_running=4, token_budget=512, kv_tokens=320, block_size=16), h200_model)
+    eng = Engine(EngineConfig(rules="vllm", max_running=4, token_budget=512, kv_tokens=320, block_size=16),
+                 h200_model)
     eng.add(400, 5, 0.0)  # never fits
     eng.add(300, 100, 0.0)  # fits, then outgrows the 320-token cache
     now, finished = 0.0, []

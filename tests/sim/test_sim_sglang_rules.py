@@ -1,0 +1,152 @@
+"""sglang 0.5.23's scheduling rules in the simulated engine, on small cases worked by hand from the source.
+
+Every expected number below is computed in the comments from sglang's code (``schedule_policy.py``
+PrefillAdder, ``prefill_budget.py``, ``scheduler.py`` update_running_batch, ``schedule_batch.py``
+retract_decode, ``new_token_ratio_tracker.py``), not read off the simulator. Page size 1, KV in tokens.
+A unit cost model: every iteration takes 1 s, so step i ends at t = i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ebctl.protocol import BatchKind, Mode, Policy
+from ebctl.sim.engine import Engine, EngineConfig
+
+
+class Unit:
+    name = "unit"
+
+    def step_time(self, batch):
+        return 1.0
+
+
+def _engine(**kw) -> Engine:
+    base = {"max_running": 16, "token_budget": 4096, "kv_tokens": 1000}
+    return Engine(EngineConfig(**{**base, **kw}), Unit())
+
+
+def _run(eng: Engine, steps: int) -> list:
+    reps = []
+    for _ in range(steps):
+        rep = eng.step(float(len(reps)))
+        reps.append(rep)
+    return reps
+
+
+def test_admission_reserves_each_requests_whole_output_with_ignore_eos():
+    # check_prefill: prompt + max_new + page (100 + 300 + 1 = 401) < KV left after the reservations so far.
+    # A: 401 < 1000 (reserved 401); B: 401 < 599 (reserved 802); C: 401 < 198 fails: NO_TOKEN, batch_is_full.
+    eng = _engine()
+    for _ in range(3):
+        eng.add(100, 300, 0.0)
+    reps = _run(eng, 301)
+    assert (reps[0].kind, reps[0].prefill_reqs, reps[0].prefill_tokens) == (BatchKind.PREFILL, 2, 200)
+    # batch_is_full is sticky: no prefill is tried until a request leaves. A and B make token 1 in the
+    # prefill and 299 more in decode steps 2..300, leaving at step 300; step 301 admits C.
+    assert all(r.kind is BatchKind.DECODE and r.decode_reqs == 2 for r in reps[1:300])
+    assert reps[299].finished and len(reps[299].finished) == 2
+    assert (reps[300].kind, reps[300].prefill_reqs) == (BatchKind.PREFILL, 1)
+    assert eng.kv_refusals >= 1 and eng.preemptions == 0
+
+
+def test_vllm_rules_admit_on_the_kv_used_now():
+    # the same queue under vLLM's rules: 300 prompt tokens fit in 1,000 (block 1, watermark 1%): all three
+    eng = _engine(rules="vllm", block_size=1)
+    for _ in range(3):
+        eng.add(100, 300, 0.0)
+    assert eng.step(0.0).prefill_reqs == 3
+
+
+@pytest.mark.parametrize(("conservativeness", "admitted"), [(1.0, 2), (2.0, 1)])
+def test_running_requests_reserve_new_token_ratio_of_their_remaining_output(conservativeness, admitted):
+    # Requests that stop on their own (max_new_tokens = 500 sent, EOS earlier): the running ones reserve
+    # min(500 - output, 4096) × new_token_ratio, a new one its whole max_new_tokens (500).
+    # Step 1 (nothing running): A, B, C each need 100 + 500 + 1 = 601 < 2200, 1599, 998; D: 601 < 397 fails.
+    eng = _engine(kv_tokens=2200, max_new_tokens=500, schedule_conservativeness=conservativeness)
+    eng.add(100, 5, 0.0)  # A leaves after step 5: token 1 in the prefill, 2..5 in decode steps 2..5
+    for _ in range(2):
+        eng.add(100, 50, 0.0)  # B, C
+    for _ in range(3):
+        eng.add(100, 50, 0.0)  # D, E, F wait
+    reps = _run(eng, 6)
+    assert reps[0].prefill_reqs == 3
+    assert [r.kind for r in reps[1:5]] == [BatchKind.DECODE] * 4 and len(reps[4].finished) == 1
+    # The ratio decayed in the 4 decode steps: init = min(0.7·c, 1), min = 0.14·init, step (init − min)/600.
+    init = min(0.7 * conservativeness, 1.0)
+    ratio = init - 4 * (init - 0.14 * init) / 600
+    assert eng.new_token_ratio == pytest.approx(ratio, rel=1e-12)
+    # Step 6: B and C hold 104 tokens each (prompt + 4 decoded) and reserve (500 − 5)·ratio each.
+    # c = 1: ratio 0.695987, reserved 689.03; left 2200 − 208 − 689.03 = 1302.97: D (601) fits, then E
+    #        601 < 701.97 fits, F 601 < 100.97 does not: 2 admitted.
+    # c = 2: ratio 0.994267, reserved 984.32; left 1007.68: D fits, E 601 < 406.68 does not: 1 admitted.
+    assert (reps[5].kind, reps[5].prefill_reqs) == (BatchKind.PREFILL, admitted)
+
+
+def test_retraction_fewest_output_first_and_the_ratio_after_it():
+    # KV 1,000, max_new_tokens 200 on every request. Step 1: A..D each need 10 + 200 + 1 = 211:
+    # 211 < 1000, 789, 578, 367; E: 211 < 156 fails. A leaves after step 5 (4 decode steps, 4 decays).
+    # Step 6: B, C, D hold 14 tokens each (42), reserve 3·195·0.695987 = 407.15; left 1000 − 42 − 407.15 =
+    # 550.85: E (211) fits, F 211 < 339.85 fits, G 211 < 128.85 does not (batch_is_full again).
+    eng = _engine(max_new_tokens=200)
+    ids = {"A": eng.add(10, 5, 0.0)}
+    for name in "BCDEFG":
+        ids[name] = eng.add(10, 200, 0.0)
+    reps = _run(eng, 6)
+    assert reps[0].prefill_reqs == 4 and reps[5].prefill_reqs == 2
+    # From step 7 the 5 rows decode; before step t KV holds 3·(14 + t − 7) + 2·(10 + t − 7) = 62 + 5(t − 7).
+    # Step t needs 5 new tokens: it fits while 1000 − 62 − 5(t − 7) ≥ 5, i.e. through t = 193. Step 194 has
+    # 3 free: retract. B, C, D have 5 + 187 = 192 outputs, E and F 1 + 187 = 188: fewest output first, and of
+    # E and F the later in batch order, F. F frees its 10 + 187 = 197 tokens: 200 free ≥ 4 needed: done.
+    reps += _run_from(eng, len(reps), 193 - 6)
+    assert eng.retractions == 0
+    rep = eng.step(193.0)
+    assert eng.retractions == 1 and rep.kind is BatchKind.DECODE and rep.decode_reqs == 4
+    assert list(eng.queue) == [ids["G"], ids["F"]]  # re-queued at the tail
+    assert eng.req.generated[ids["F"]] == 188  # re-prefills prompt + 188 tokens on return
+    # new_token_ratio after retraction: min(1, (Σ output + 20·n) / (Σ max_new + 1)) over B, C, D, E
+    # = min(1, (3·192 + 188 + 80) / 801) = 1
+    assert eng.new_token_ratio == 1.0
+
+
+def _run_from(eng: Engine, start: int, steps: int) -> list:
+    return [eng.step(float(start + i)) for i in range(steps)]
+
+
+def test_one_chunked_request_then_the_next_takes_the_chunk_left():
+    # --chunked-prefill-size 64: A (150 tokens) is cut to 64, 64, 22; in the step that ends A, the 42 tokens
+    # left go to B (100 tokens), which becomes the chunked request (_select_prefill_admission).
+    eng = _engine(token_budget=64)
+    eng.add(150, 3, 0.0)
+    eng.add(100, 3, 0.0)
+    reps = _run(eng, 5)
+    assert [(r.prefill_reqs, r.prefill_tokens) for r in reps[:5]] == [(1, 64), (1, 64), (2, 64), (1, 58), (0, 0)]
+    assert reps[2].finished == () and eng.req.first_token[0] == 3.0  # A's first token with its last chunk
+
+
+def test_mixed_chunk_gives_decode_rows_one_token_of_the_chunk_budget_each():
+    # --enable-mixed-chunk: the PrefillAdder gets running_bs = 10 mixed decode tokens: the chunk budget
+    # left for prompts is 64 − 10 = 54 (schedule_policy.py PrefillAdder.__init__).
+    eng = _engine(token_budget=64, mixed_chunk=True)
+    for _ in range(10):
+        eng.add(5, 50, 0.0)
+    first = eng.step(0.0)
+    assert (first.prefill_reqs, first.prefill_tokens) == (10, 50)
+    eng.add(200, 5, 1.0)
+    rep = eng.step(1.0)
+    assert rep.kind is BatchKind.MIXED and rep.decode_reqs == 10 and rep.prefill_tokens == 54
+
+
+def test_eb_policy_gates_prefill_and_caps_running():
+    # ebctl's plugin: eb mode turns mixing off, the gate holds prefills until k slots are free, n_max caps.
+    eng = _engine(mixed_chunk=True)
+    eng.policy = Policy(mode=Mode.EB, k=3, n_max=4, ttl_s=math.inf, max_defer_s=math.inf)
+    for out in (2, 10, 10, 10, 10, 10):
+        eng.add(5, out, 0.0)
+    reps = _run(eng, 4)
+    assert reps[0].prefill_reqs == 4  # nothing running: admit up to n_max
+    # the first request leaves after step 2: 1 free slot < k = 3, so steps 3.. decode with 2 waiting
+    assert reps[2].kind is BatchKind.DECODE and reps[2].waiting == 2 and reps[3].kind is BatchKind.DECODE
+    assert all(r.running <= 4 for r in reps) and all(r.kind is not BatchKind.MIXED for r in reps)
