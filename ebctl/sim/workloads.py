@@ -21,6 +21,7 @@ open loop replays the first ``requests`` rows in time order, inter-arrival times
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -107,38 +108,63 @@ def synthetic(mu_l: float, mu_o: float, n: int, *, seed: int = 0, outputs: str =
     return Workload(name or f"{outputs}:L={mu_l:g},O={mu_o:g}", inputs.astype(np.int64), out.astype(np.int64))
 
 
+def _count(path: Path, line: int, column: str, text: str) -> int:
+    """A token count cell: a whole number >= 1, else an error naming the file, the line, the column and the value."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{path}, line {line}: {column}={text!r} is not a number") from None
+    if not (math.isfinite(v) and v == int(v)):
+        raise ValueError(f"{path}, line {line}: {column}={text!r} is not a whole number of tokens")
+    if v < 1:
+        raise ValueError(f"{path}, line {line}: {column}={text!r}: a request needs at least 1 token")
+    return int(v)
+
+
+def _time(path: Path, line: int, column: str, text: str, *, iso: bool) -> float:
+    try:
+        return datetime.fromisoformat(text.strip()[:26]).timestamp() if iso else float(text)
+    except ValueError:
+        raise ValueError(f"{path}, line {line}: {column}={text!r} is not a {'timestamp' if iso else 'number'}") \
+            from None
+
+
 def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(input tokens, output tokens, arrival seconds or None) of every row; a bad cell is an error that names
+    the file, its line, the column and the value (nothing is clamped or skipped)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         raise ValueError(f"{path}: empty file")
     head = [h.strip() for h in rows[0]]
-    body = [r for r in rows[1:] if r]
     low = [h.lower() for h in head]
-    try:
-        if "input_tokens" in low and "output_tokens" in low:
-            i, o = low.index("input_tokens"), low.index("output_tokens")
-            ts = None
-            if "timestamp_s" in low:
-                k = low.index("timestamp_s")
-                ts = np.array([float(r[k]) for r in body])
-            elif "timestamp_ms" in low:
-                k = low.index("timestamp_ms")
-                ts = np.array([float(r[k]) for r in body]) / 1e3
-        elif {"timestamp", "contexttokens", "generatedtokens"} <= set(low):
-            i, o = low.index("contexttokens"), low.index("generatedtokens")
-            k = low.index("timestamp")
-            ts = np.array([datetime.fromisoformat(r[k].strip()[:26]).timestamp() for r in body])
-        else:
-            raise ValueError(f"{path}: header {head} names neither input_tokens/output_tokens nor "
-                             "TIMESTAMP/ContextTokens/GeneratedTokens")
-        inputs = np.array([int(float(r[i])) for r in body], dtype=np.int64)
-        outputs = np.array([int(float(r[o])) for r in body], dtype=np.int64)
-    except (IndexError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from e
-    if inputs.size == 0:
+    ts_col, iso = None, False
+    if "input_tokens" in low and "output_tokens" in low:
+        i, o = low.index("input_tokens"), low.index("output_tokens")
+        for name in ("timestamp_s", "timestamp_ms"):
+            if name in low:
+                ts_col = low.index(name)
+                break
+    elif {"timestamp", "contexttokens", "generatedtokens"} <= set(low):
+        i, o, ts_col, iso = low.index("contexttokens"), low.index("generatedtokens"), low.index("timestamp"), True
+    else:
+        raise ValueError(f"{path}: header {head} names neither input_tokens/output_tokens nor "
+                         "TIMESTAMP/ContextTokens/GeneratedTokens")
+    scale = 1e-3 if ts_col is not None and low[ts_col] == "timestamp_ms" else 1.0
+    inputs, outputs, ts = [], [], []
+    for line, r in enumerate(rows[1:], start=2):
+        if not r:
+            continue
+        if len(r) < len(head):
+            raise ValueError(f"{path}, line {line}: {len(r)} cells, the header has {len(head)}")
+        inputs.append(_count(path, line, head[i], r[i]))
+        outputs.append(_count(path, line, head[o], r[o]))
+        if ts_col is not None:
+            ts.append(_time(path, line, head[ts_col], r[ts_col], iso=iso) * scale)
+    if not inputs:
         raise ValueError(f"{path}: no rows")
-    return np.maximum(inputs, 1), np.maximum(outputs, 1), ts
+    return (np.array(inputs, dtype=np.int64), np.array(outputs, dtype=np.int64),
+            np.array(ts) if ts_col is not None else None)
 
 
 def from_trace(path: str | Path, n: int, *, seed: int = 0, open_loop: bool = False, time_scale: float = 1.0,

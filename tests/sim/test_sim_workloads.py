@@ -54,10 +54,10 @@ def test_open_loop_replays_timestamps_scaled():
 
 def test_trace_csv_formats(tmp_path):
     p = tmp_path / "t.csv"
-    p.write_text("timestamp_ms,input_tokens,output_tokens\n0,10,5\n1500,20,0\n500,30,7\n")
+    p.write_text("timestamp_ms,input_tokens,output_tokens\n0,10,5\n1500,20,1\n500,30.0,7\n")
     wl = workloads.from_trace(p, 3, open_loop=True)
     assert wl.arrival_s.tolist() == [0.0, 0.5, 1.5]
-    assert wl.input_len.tolist() == [10, 30, 20] and wl.output_len.tolist() == [5, 7, 1]  # 0 → 1
+    assert wl.input_len.tolist() == [10, 30, 20] and wl.output_len.tolist() == [5, 7, 1]
     q = tmp_path / "az.csv"
     q.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
                  "2023-11-16 18:15:50.9951690,396,109\n")
@@ -97,3 +97,27 @@ def test_concurrency_shift_phases():
     wl = workloads.load("conc-shift", 1000, seed=0)
     assert [wl.concurrency_at(i, 7) for i in (0, 199, 200, 400, 600, 999)] == [32, 32, 512, 1024, 256, 2048]
     assert workloads.load("balanced", 10).concurrency_at(5, 7) == 7
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("1,5,-3\n", "line 2: output_tokens='-3': a request needs at least 1 token"),
+    ("1,5,3\n2,0,4\n", "line 3: input_tokens='0': a request needs at least 1 token"),
+    ("1,5,3\n\n2,abc,4\n", "line 4: input_tokens='abc' is not a number"),
+    ("1,5,2.5\n", "line 2: output_tokens='2.5' is not a whole number of tokens"),
+    ("x,5,3\n", "line 2: timestamp_s='x' is not a number"),
+    ("1,5\n", "line 2: 2 cells, the header has 3"),
+])
+def test_bad_trace_cells_name_the_file_line_column_and_value(tmp_path, body, message):
+    p = tmp_path / "t.csv"
+    p.write_text("timestamp_s,input_tokens,output_tokens\n" + body)
+    with pytest.raises(ValueError) as e:
+        workloads.from_trace(p, 1)
+    assert str(e.value) == f"{p}, {message}"
+
+
+def test_bad_header_names_the_file_once(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError) as e:
+        workloads.from_trace(p, 1)
+    assert str(e.value).count(str(p)) == 1 and "header ['a', 'b']" in str(e.value)
