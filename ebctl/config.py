@@ -131,11 +131,20 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "kv_f0": Spec(float, "Eq. 23 base reserve f0", 0.0, 0.6),
     "max_defer_s": Spec(float, "a waiting request forces a refill after this long (s)", 0.0, 86_400),
     "ttl_s": Spec(float, "policy lifetime at the engine (s); then stock behaviour", 0.1, 86_400),
-    "cost_online": Spec(bool, "fit α/β from iteration reports, replacing the profile once good"),
-    "min_cost_r2": Spec(float, "R² an online cost fit needs before it is used", 0.0, 1.0),
-    "cost_window": Spec(int, "iterations kept per cost fit", 20, 1_000_000),
+    "cost_online": Spec(bool, "fit the iteration costs from the reports; their α/β replace the profile's once "
+                        "the fits pass"),
+    "cost_max_rel_err": Spec(float, "an online cost fit is used when its median relative error on held-out "
+                             "iterations is at most this (and below the mean's)", 0.01, 1.0),
+    "cost_window": Spec(int, "iterations kept per batch kind for the cost fits", 20, 1_000_000),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
     "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
+}
+
+# Keys that existed once: refused with what replaced them (a silently ignored key would change nothing).
+REMOVED_KEYS = {
+    "controller.min_cost_r2": "removed: R² is not the test of a cost fit (a flat, well-predicted cost has "
+                              "R² ≈ 0); use controller.cost_max_rel_err (held-out median relative error, "
+                              "default 0.2) and delete this key",
 }
 
 SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},
@@ -163,6 +172,8 @@ class Config:
         """A new Config with ``{"section.key": value}`` applied (strings are parsed); validated whole."""
         by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}, "engine": {}}
         for key, raw in updates.items():
+            if key in REMOVED_KEYS:
+                raise ConfigError(f"{key}={raw!r}: {REMOVED_KEYS[key]}")
             spec = SPECS.get(key)
             if spec is None:
                 raise unknown_key(key)

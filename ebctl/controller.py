@@ -7,23 +7,14 @@ and says so in ``Policy.reason``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
 
 from ebctl import model
-from ebctl.estimate import (
-    CostFit,
-    DecodeCostFit,
-    Ema,
-    HazardFit,
-    LengthWindow,
-    MixedCostFit,
-    PrefillCostFit,
-    fit_hazard,
-)
-from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
+from ebctl.costfit import CostChoice, OnlineCosts
+from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
+from ebctl.protocol import Estimates, IterationReport, Mode, Policy
 
 ThetaMethod = Literal["paper", "cfr", "exact-fluid"]
 OperatorMode = Literal["eb", "eb+", "mb", "off"]
@@ -62,18 +53,11 @@ class ControllerParams:
     kv_f0: float = 0.0  # Eq. 23 f0
     max_defer_s: float = 5.0  # anti-starvation bound handed to the gate
     ttl_s: float = 10.0  # policy lifetime at the engine
-    cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once good
-    min_cost_r2: float = 0.8
-    cost_window: int = 2000
+    cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
+    cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
+    cost_window: int = 2000  # iterations kept per batch kind
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
-
-
-@dataclass(frozen=True, slots=True)
-class CostFits:
-    prefill: CostFit | None = None
-    decode: CostFit | None = None
-    mixed: CostFit | None = None
 
 
 class Controller:
@@ -87,9 +71,7 @@ class Controller:
         self.base_cost_source = cost_source or ("profile" if costs else "default")
         self.window = LengthWindow(params.window)
         self.n_obs = Ema(params.n_obs_alpha)
-        self.prefill_fit = PrefillCostFit(capacity=params.cost_window)
-        self.decode_fit = DecodeCostFit(capacity=params.cost_window)
-        self.mixed_fit = MixedCostFit(capacity=params.cost_window)
+        self.online_costs = OnlineCosts(params.cost_window, params.cost_max_rel_err)
         self.kv_total = 0
         self.engine_limit = 0
         self.mixed_unavailable = False
@@ -99,7 +81,6 @@ class Controller:
         self.updates = 0
         self.errors = 0
         self.last_error = ""
-        self.fits = CostFits()
         self.hazard: HazardFit | None = None
         self.theta_star = params.theta_default
         n0 = self.n_limit
@@ -140,12 +121,7 @@ class Controller:
             if self.updates == 0:  # still cold: re-issue the cold policy against the engine's real limit
                 self.policy = self._cold_policy(version=self.policy.version + 1)
         self.mixed_unavailable = r.mixed_unavailable
-        if r.kind is BatchKind.PREFILL and r.decode_reqs == 0:
-            self.prefill_fit.add(r.prefill_tokens, r.forward_s)
-        elif r.kind is BatchKind.DECODE:
-            self.decode_fit.add(r.decode_reqs, r.forward_s)
-        elif r.kind is BatchKind.MIXED:
-            self.mixed_fit.add(r.prefill_tokens, r.decode_reqs, r.forward_s)
+        self.online_costs.observe(r)
 
     @property
     def n_limit(self) -> int:
@@ -158,6 +134,7 @@ class Controller:
             self.window.resize(params.window)
         if params.n_obs_alpha != self.params.n_obs_alpha:
             self.n_obs = Ema(params.n_obs_alpha)
+        self.online_costs.set_params(params.cost_window, params.cost_max_rel_err)
         self.params = params
         self.since_update = max(self.since_update, params.update_every)  # recompute at the next update
         if self.updates == 0:  # still cold: the new settings (mode, overrides) apply at once
@@ -178,27 +155,20 @@ class Controller:
             self.last_error = f"{type(e).__name__}: {e}"
         return self.policy
 
+    def cost_choice(self) -> CostChoice:
+        """The α/β of Eq. 3, 5 and 8 from one source: the profile's (or the defaults) until the online fits
+        the mode needs have passed (prefill and decode; mixed too for eb+), then the online fits for all."""
+        return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=self.params.mode == "eb+",
+                                        enabled=self.params.cost_online)
+
     def costs(self) -> tuple[model.Costs, str]:
-        """Profile/default costs, each phase replaced by its online fit once that fit is good."""
-        c, online = self.base_costs, []
-        if not self.params.cost_online:
-            return c, self.base_cost_source
-        f = self.fits
-        if _good(f.prefill, self.params.min_cost_r2):
-            c = dataclasses.replace(c, alpha_p=f.prefill.coef[0], beta_p=f.prefill.coef[1])
-            online.append("prefill")
-        if _good(f.decode, self.params.min_cost_r2) and f.decode.coef[0] > 0:
-            c = dataclasses.replace(c, alpha_d=f.decode.coef[0], beta_d=f.decode.coef[1])
-            online.append("decode")
-        if _good(f.mixed, self.params.min_cost_r2):
-            a, c0, c1, c2 = f.mixed.coef
-            c = dataclasses.replace(c, alpha_mb=max(a, 0.0), c0=c0, c1=c1, c2=c2)
-            online.append("mixed")
-        return c, self.base_cost_source + (f"+online({','.join(online)})" if online else "")
+        """(the costs in use, their source: ``online``, ``profile:NAME`` or ``default``)."""
+        c = self.cost_choice()
+        return c.costs, c.source
 
     def _recompute(self, now: float) -> Policy:
         p = self.params
-        self.fits = CostFits(self.prefill_fit.fit(), self.decode_fit.fit(), self.mixed_fit.fit())
+        self.online_costs.refit()
         costs, cost_source = self.costs()
         hz = fit_hazard(self.window.outputs(), discrete_correction=p.discrete_correction)
         self.hazard = hz
@@ -287,16 +257,12 @@ class Controller:
         return (Mode.EB if self.eb_mode else Mode.MB), lhs, rhs
 
     def status(self) -> dict:
-        """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest)."""
-        def fit(f: CostFit | None) -> dict | None:
-            return None if f is None else {"coef": list(f.coef), "r2": f.r2, "n": f.n, "ok": f.ok}
+        """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest):
+        ``cost_fits`` per kind (state, why, held-out error, features kept, coefficients) and
+        ``cost_reason``, why the costs in use come from where they do."""
+        choice = self.cost_choice()
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
                 "n_obs": self.n_obs.value, "kv_total": self.kv_total, "n_limit": self.n_limit,
-                "mixed_unavailable": self.mixed_unavailable,
-                "cost_fits": {"prefill": fit(self.fits.prefill), "decode": fit(self.fits.decode),
-                              "mixed": fit(self.fits.mixed)}}
-
-
-def _good(f: CostFit | None, min_r2: float) -> bool:
-    return f is not None and f.ok and f.r2 >= min_r2 and all(math.isfinite(c) for c in f.coef)
+                "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
+                "cost_fits": self.online_costs.status(choice)}

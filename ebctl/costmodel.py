@@ -29,7 +29,8 @@ import msgspec
 import numpy as np
 from scipy.optimize import nnls
 
-from ebctl.protocol import BatchKind
+from ebctl import model
+from ebctl.protocol import BatchKind, IterationReport
 
 FEATURES = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched")
 # The features a kind's iterations can carry (a prefill holds no decode rows, a decode step no prompt).
@@ -42,12 +43,13 @@ MAX_REL_ERR = 0.20  # the project's one threshold for a usable cost fit
 MIN_SAMPLES = 20  # iterations a kind needs before it is fitted
 HOLDOUT_EVERY = 5  # every 5th iteration is held out to judge the fit
 _SIMPLER_WITHIN = 1.02  # drop a feature when the fit without it is at most 2% worse on held-out data
-# A fit must beat the mean predictor; a cost flat in every feature is fitted by a constant, which is the
-# mean up to weighting, so "beat" allows a 1% tie.
-_NO_WORSE_THAN_MEAN = 1.01
+# A fit must do no worse than the mean predictor. A cost flat in every feature is fitted by a constant, which
+# is the mean up to weighting, and the median error over a few hundred held-out iterations moves by ~10%
+# (relative) with the split alone: a fit within 10% of the mean's error counts as no worse.
+_NO_WORSE_THAN_MEAN = 1.10
 
 
-class PhaseCost(msgspec.Struct, frozen=True, kw_only=True):
+class PhaseCost(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Seconds per iteration of one kind: intercept + Σ coefficient · feature (all coefficients ≥ 0)."""
 
     intercept_s: float = 0.0
@@ -68,6 +70,11 @@ class PhaseCost(msgspec.Struct, frozen=True, kw_only=True):
                 + self.decode_req_s * decode_reqs + self.decode_ctx_token_s * decode_ctx_tokens
                 + self.switched_s * switched)
 
+    def predict_rows(self, x: np.ndarray) -> np.ndarray:
+        """Seconds for each row of ``x`` (one column per name of :data:`FEATURES`)."""
+        c = self.coef()
+        return c[0] + np.asarray(x, dtype=float).reshape(-1, len(FEATURES)) @ c[1:]
+
 
 def phase_cost(coef: np.ndarray) -> PhaseCost:
     """The PhaseCost of a coefficient vector in :meth:`PhaseCost.coef` order."""
@@ -76,7 +83,7 @@ def phase_cost(coef: np.ndarray) -> PhaseCost:
                      decode_ctx_token_s=c[4], switched_s=c[5])
 
 
-class IterationCosts(msgspec.Struct, frozen=True, kw_only=True):
+class IterationCosts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One PhaseCost per batch kind; None where nothing is known (then :meth:`predict` gives NaN)."""
 
     prefill: PhaseCost | None = None
@@ -91,6 +98,18 @@ class IterationCosts(msgspec.Struct, frozen=True, kw_only=True):
         """Seconds for one iteration of ``kind`` with the given :data:`FEATURES` (0 when not given)."""
         c = self.phase(kind)
         return math.nan if c is None else c.predict(**features)
+
+    def predict_rows(self, kind: BatchKind, x: np.ndarray) -> np.ndarray:
+        """Seconds for each row of ``x`` (:data:`FEATURES` columns) as iterations of ``kind`` (NaN: unknown)."""
+        c = self.phase(kind)
+        return np.full(len(np.asarray(x).reshape(-1, len(FEATURES))), math.nan) if c is None else c.predict_rows(x)
+
+
+def report_features(r: IterationReport, switched: bool) -> tuple[float, ...]:
+    """One report's :data:`FEATURES` row. ``switched``: the engine's previous non-idle iteration was of
+    another kind (the caller knows the previous report; a report alone does not)."""
+    return (float(r.prefill_tokens), float(r.prefill_reqs), float(r.decode_reqs), float(r.decode_ctx_tokens),
+            1.0 if switched else 0.0)
 
 
 class Quality(NamedTuple):
@@ -108,7 +127,7 @@ def judge(predicted: np.ndarray, actual: np.ndarray, baseline: float, *,
           max_rel_err: float = MAX_REL_ERR) -> Quality:
     """The quality test of every cost fit in the project: on held-out iterations, the median of
     |predicted − actual| / actual must be ≤ ``max_rel_err`` and not above that of predicting ``baseline``
-    (the training mean) for every iteration (a 1% tie allowed: a constant fit of a flat cost is the mean)."""
+    (the training mean) for every iteration, 10% allowed (a constant fit of a flat cost is the mean)."""
     a = np.asarray(actual, dtype=float)
     p = np.asarray(predicted, dtype=float)
     keep = np.isfinite(a) & (a > 0) & np.isfinite(p)
@@ -132,6 +151,7 @@ class PhaseFit(NamedTuple):
     quality: Quality
     features: tuple[str, ...]
     n: int
+    mean_s: float = math.nan  # mean seconds of the training iterations: the baseline judge() compares with
 
 
 def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: float = MAX_REL_ERR,
@@ -170,11 +190,80 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
                 cols, err, changed = rest, min(err, e), True
                 break
     coef_train = _nnls(x[~test], y[~test], cols)
-    quality = judge(_design(x[test], cols) @ coef_train, y[test], float(np.mean(y[~test])),
-                    max_rel_err=max_rel_err)
+    mean_s = float(np.mean(y[~test]))
+    quality = judge(_design(x[test], cols) @ coef_train, y[test], mean_s, max_rel_err=max_rel_err)
     full = np.zeros(len(FEATURES) + 1)
     full[[0, *(c + 1 for c in cols)]] = _nnls(x, y, cols)
-    return PhaseFit(phase_cost(full), quality, tuple(FEATURES[c] for c in cols), n)
+    return PhaseFit(phase_cost(full), quality, tuple(FEATURES[c] for c in cols), n, mean_s)
+
+
+class Shape(NamedTuple):
+    """The mean composition of one kind's iterations, what turns per-request and per-context-token costs
+    into the paper's per-token and per-request β: prompt tokens per prefill row (Σ tokens / Σ prefill
+    requests: a prompt split into chunks counts once per chunk), context tokens per decode row
+    (Σ context / Σ decode requests), and the share of iterations that changed phase."""
+
+    tokens_per_prefill_req: float = math.nan
+    ctx_per_decode_req: float = math.nan
+    switched_frac: float = math.nan
+
+
+def shape(x: np.ndarray) -> Shape:
+    """The :class:`Shape` of feature rows (NaN for a ratio with nothing to divide by)."""
+    x = np.asarray(x, dtype=float).reshape(-1, len(FEATURES))
+    s = x.sum(axis=0)
+
+    def ratio(num: float, den: float) -> float:
+        return float(num / den) if den > 0 else math.nan
+    return Shape(ratio(s[0], s[1]), ratio(s[3], s[2]), ratio(s[4], len(x)))
+
+
+def paper_costs(ic: IterationCosts, *, prefill: Shape, decode: Shape, mixed: Shape | None = None) -> model.Costs:
+    """The paper's α/β (section 3.1, Eq. 3-8) from the iteration-cost model, at the batch shapes observed.
+
+    An EB cycle (appendix B.5) costs 𝒯 = α_p + β_p·(tokens admitted) + α_d·T + β_d·(request-iterations):
+    α_p is what a cycle pays once, whatever its size. So
+
+    * α_p = prefill intercept + prefill ``switched_s`` + decode ``switched_s``: a refill opens with one
+      prefill iteration, and each cycle changes phase twice (decode → prefill, prefill → decode); the
+      decode step after a refill pays the second switch, once per cycle like the rest of α_p. (A refill
+      the engine splits into several prefill iterations pays the extra intercepts per chunk, not per cycle:
+      they are not in α_p.)
+    * β_p = prefill ``prefill_token_s`` + ``prefill_req_s`` / (tokens per prefill row): per-request
+      overheads spread over the prompt tokens that carry them.
+    * α_d = decode intercept (a decode step's fixed cost: scheduling, the weights streamed once).
+    * β_d = ``decode_req_s`` + ``decode_ctx_token_s`` × (context tokens per decode row): the paper's β_d is
+      per request; the attention over each request's KV enters at the context the decode steps carried.
+    * Mixed (Eq. 8), when ``ic.mixed`` is known: n_tok = prefill tokens + decode rows, r = decode rows /
+      n_tok, so per-token costs m_p (prefill, as β_p) and m_d (decode row, as β_d) give
+      β_MB^e(r) = m_p·(1 − r) + m_d·r: c0 = m_p, c1 = m_d − m_p, c2 = 0; α_MB = mixed intercept + its
+      ``switched_s`` × the share of mixed iterations that changed phase.
+
+    A shape ratio that is NaN counts only where its coefficient is non-zero (a coefficient is non-zero only
+    for a feature that varied, so the rows that give the ratio exist); α_p etc. of an unknown kind are NaN.
+    """
+    nan = math.nan
+
+    def per(coef: float, ratio: float) -> float:
+        return 0.0 if coef == 0 else coef * ratio
+
+    def per_inv(coef: float, ratio: float) -> float:
+        return 0.0 if coef == 0 else coef / ratio
+
+    p, d, m = ic.prefill, ic.decode, ic.mixed
+    d_switch = d.switched_s if d is not None else 0.0
+    alpha_p = nan if p is None else p.intercept_s + p.switched_s + d_switch
+    beta_p = nan if p is None else p.prefill_token_s + per_inv(p.prefill_req_s, prefill.tokens_per_prefill_req)
+    alpha_d = nan if d is None else d.intercept_s
+    beta_d = nan if d is None else d.decode_req_s + per(d.decode_ctx_token_s, decode.ctx_per_decode_req)
+    out = model.Costs(alpha_p=alpha_p, beta_p=beta_p, alpha_d=alpha_d, beta_d=beta_d)
+    if m is None:
+        return out
+    mixed = mixed or Shape()
+    m_p = m.prefill_token_s + per_inv(m.prefill_req_s, mixed.tokens_per_prefill_req)
+    m_d = m.decode_req_s + per(m.decode_ctx_token_s, mixed.ctx_per_decode_req)
+    return model.Costs(alpha_p=alpha_p, beta_p=beta_p, alpha_d=alpha_d, beta_d=beta_d,
+                       alpha_mb=m.intercept_s + per(m.switched_s, mixed.switched_frac), c0=m_p, c1=m_d - m_p, c2=0.0)
 
 
 def _spread(col: np.ndarray) -> bool:

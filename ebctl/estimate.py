@@ -1,22 +1,19 @@
-"""Online estimators: length windows, the hazard fit, an EMA and the α/β cost regressions.
+"""Online estimators of the workload: length windows, the hazard fit and an EMA.
 
-Pure (numpy/scipy only; no I/O, clock or mutable globals). Paper Section 3.4 "Online estimation"
-and Algorithm 1 (appendix D.7); the cost fits replace the per-hardware calibration of appendix A.4.
+Pure (numpy only; no I/O, clock or mutable globals). Paper Section 3.4 "Online estimation" and
+Algorithm 1 (appendix D.7). The iteration-cost fits, which replace the per-hardware calibration of
+appendix A.4, are in ``costfit.py`` (on the model of ``costmodel.py``).
 Garbage (NaN, inf, negatives, non-integers, absurd sizes) is rejected at the door, never fitted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 MAX_LEN = 1 << 40  # token counts above this are garbage; it also keeps t³ sums finite in float64
-_MIN_REL_SPREAD = 1e-3  # a feature column with std ≤ this × |mean| carries no information
-_MIN_RCOND = 1e-6  # smallest/largest singular value of the column-scaled design
 
 
 def _as_len(x: object) -> int:
@@ -241,130 +238,3 @@ class Ema:
 
     def reset(self) -> None:
         self._v = math.nan
-
-
-@dataclass(frozen=True, slots=True)
-class CostFit:
-    """Least-squares coefficients; all-NaN ``coef`` when ``ok`` is False, so misuse cannot pass silently."""
-
-    coef: tuple[float, ...]
-    r2: float
-    n: int
-    ok: bool
-    reason: str
-
-
-class CostRegression:
-    """Sliding window (ring buffer) of (feature row, y) pairs and its least-squares fit.
-
-    A row is the full design row (include a 1.0 for an intercept). ``add`` is O(1); ``fit`` solves on
-    column-scaled features (NNLS when ``nonneg``) and refuses designs that cannot separate the
-    coefficients: more than one column without spread, or a near-singular scaled design.
-    """
-
-    def __init__(self, n_features: int, capacity: int = 2000) -> None:
-        if n_features < 1 or capacity < 1:
-            raise ValueError("n_features and capacity must be >= 1")
-        self._k = int(n_features)
-        self._x = np.zeros((int(capacity), self._k))
-        self._y = np.zeros(int(capacity))
-        self._head = self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def add(self, x: Sequence[float], y: float) -> bool:
-        """Store one sample; False for a non-finite or negative y or a non-finite x."""
-        if len(x) != self._k:
-            raise ValueError(f"expected {self._k} features, got {len(x)}")
-        try:
-            if not (math.isfinite(y) and y >= 0.0) or not all(map(math.isfinite, x)):
-                return False
-        except TypeError:
-            return False
-        h = self._head
-        self._x[h] = x
-        self._y[h] = y
-        self._head = h + 1 if h + 1 < self._y.size else 0
-        if self._n < self._y.size:
-            self._n += 1
-        return True
-
-    def fit(self, *, nonneg: bool = True, min_samples: int = 20) -> CostFit:
-        n = self._n
-        nan = (math.nan,) * self._k
-        if n < max(min_samples, self._k):
-            return CostFit(nan, math.nan, n, False, f"{n} samples < {max(min_samples, self._k)}")
-        x, y = self._x[:n], self._y[:n]  # row order is irrelevant to the fit
-        flat = np.flatnonzero(~(x.std(axis=0) > _MIN_REL_SPREAD * np.abs(x.mean(axis=0))))
-        if flat.size > 1:  # one constant column is the intercept; two cannot be told apart
-            return CostFit(nan, math.nan, n, False, f"no spread in feature columns {flat.tolist()}")
-        scale = np.sqrt(np.einsum("ij,ij->j", x, x))
-        scale[scale == 0] = 1.0
-        xs = x / scale
-        sv = np.linalg.svd(xs, compute_uv=False)
-        if not sv[-1] > _MIN_RCOND * sv[0]:
-            return CostFit(nan, math.nan, n, False, "collinear design")
-        try:
-            c = nnls(xs, y)[0] if nonneg else np.linalg.lstsq(xs, y, rcond=None)[0]
-        except (RuntimeError, np.linalg.LinAlgError) as e:
-            return CostFit(nan, math.nan, n, False, f"solver failed: {e}")
-        coef = c / scale
-        ss_res = float(np.sum((y - x @ coef) ** 2))
-        ss_tot = float(np.sum((y - y.mean()) ** 2))
-        r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res <= 1e-24 else 0.0)
-        return CostFit(tuple(float(v) for v in coef), r2, n, True, "ok")
-
-
-class _NamedCostFit:
-    """A CostRegression whose ``fit().coef`` follows ``names``; subclasses map a report to a row."""
-
-    names: tuple[str, ...] = ()
-    _nonneg = True
-
-    def __init__(self, capacity: int = 2000) -> None:
-        self._reg = CostRegression(len(self.names), capacity)
-
-    def __len__(self) -> int:
-        return len(self._reg)
-
-    def fit(self, *, min_samples: int = 20) -> CostFit:
-        return self._reg.fit(nonneg=self._nonneg, min_samples=min_samples)
-
-
-class PrefillCostFit(_NamedCostFit):
-    """Prefill-only iterations: t = α_p + β_p·Σ L_i (Section 3.1); coef = (alpha_p, beta_p) ≥ 0."""
-
-    names = ("alpha_p", "beta_p")
-
-    def add(self, prefill_tokens: int, seconds: float) -> bool:
-        p = _as_len(prefill_tokens)
-        return p >= 0 and self._reg.add((1.0, p), seconds)
-
-
-class DecodeCostFit(_NamedCostFit):
-    """Decode-only iterations: t = α_d + β_d·n at batch size n; coef = (alpha_d, beta_d) ≥ 0."""
-
-    names = ("alpha_d", "beta_d")
-
-    def add(self, decode_reqs: int, seconds: float) -> bool:
-        d = _as_len(decode_reqs)
-        return d >= 0 and self._reg.add((1.0, d), seconds)
-
-
-class MixedCostFit(_NamedCostFit):
-    """Mixed iterations: t = α_MB + β_MB(r)·n_tok with β_MB(r) = c0 + c1·r + c2·r² (Eq. 8, appendix A.4).
-
-    n_tok = prefill tokens + decode requests, r = decode / n_tok: linear in the features
-    (1, n_tok, r·n_tok, r²·n_tok) = (1, n_tok, decode, decode²/n_tok). Unconstrained least squares
-    (c1, c2 may be negative; α_MB is not forced ≥ 0). coef = (alpha_mb, c0, c1, c2).
-    """
-
-    names = ("alpha_mb", "c0", "c1", "c2")
-    _nonneg = False
-
-    def add(self, prefill_tokens: int, decode_reqs: int, seconds: float) -> bool:
-        p, d = _as_len(prefill_tokens), _as_len(decode_reqs)
-        if p < 0 or d < 0 or p + d == 0:  # r is undefined for an empty batch
-            return False
-        return self._reg.add((1.0, p + d, d, d * d / (p + d)), seconds)

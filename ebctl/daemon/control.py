@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -133,7 +131,8 @@ class ControlOps:
         return ControlReply(ok=True, data={"changed": changed})
 
     def _op_calibrate(self, args: dict[str, Any], now: float) -> ControlReply:
-        """A cost profile (the JSON ``profiles.load`` reads) from one engine's recent iterations."""
+        """A cost profile (schema 2, what ``profiles.load`` reads) from one engine's online cost fits, refitted
+        now; refused until the prefill and decode fits pass ``controller.cost_max_rel_err``."""
         eid = str(args.get("engine") or "")
         if not self.engines:
             return ControlReply(ok=False, error="no engine has reported yet")
@@ -141,29 +140,17 @@ class ControlOps:
             eid = max(self.engines, key=lambda e: self.engines[e].controller.reports)
         if eid not in self.engines:
             return ControlReply(ok=False, error=f"no engine {eid!r}; engines: {', '.join(sorted(self.engines))}")
-        ctl = self.engines[eid].controller
-        fits = {"prefill": ctl.prefill_fit.fit(), "decode": ctl.decode_fit.fit(), "mixed": ctl.mixed_fit.fit()}
-        min_r2 = ctl.params.min_cost_r2
-
-        def good(f: Any) -> bool:
-            return f.ok and f.r2 >= min_r2 and all(math.isfinite(c) for c in f.coef)
-
-        bad = [f"{k}: {f.reason if not f.ok else f'R²={f.r2:.3f} < min_cost_r2={min_r2}'}"
-               for k, f in fits.items() if k != "mixed" and not good(f)]
-        if not bad and fits["decode"].coef[0] <= 0:
-            bad.append("decode: alpha_d fitted as 0")
-        if bad:
-            return ControlReply(ok=False, error=f"no good cost fit yet for engine {eid!r}: {'; '.join(bad)}")
-        p, d, m = fits["prefill"].coef, fits["decode"].coef, fits["mixed"]
-        mixed = dict(zip(("alpha_mb", "c0", "c1", "c2"), m.coef, strict=True)) if good(m) else {}
-        costs = Costs(alpha_p=p[0], beta_p=p[1], alpha_d=d[0], beta_d=d[1], **mixed)
+        online = self.engines[eid].controller.online_costs
+        online.refit(force=True)
+        choice = online.choose(DEFAULT_COSTS, "default", needs_mixed=False)
+        if choice.source != "online":
+            return ControlReply(ok=False, error=f"no good cost fit yet for engine {eid!r}: {choice.reason}")
         when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         prof = profiles.Profile(name=str(args.get("name") or f"calibrated-{eid}"), model=str(args.get("model", "")),
-                                gpu=str(args.get("gpu", "")), costs=costs,
-                                source=f"ebctl calibrate: online fit of engine {eid} at {when}")
-        data = json.loads(prof.to_json())
-        data["fit"] = {k: {"r2": f.r2, "n": f.n, "used": good(f)} for k, f in fits.items()}
-        return ControlReply(ok=True, data=data)
+                                gpu=str(args.get("gpu", "")), costs=choice.costs,
+                                source=f"ebctl calibrate: online fit of engine {eid} at {when}",
+                                iteration_costs=online.iteration_costs(), fit=online.fit_report())
+        return ControlReply(ok=True, data=prof.to_dict())
 
     def _op_config(self, args: dict[str, Any], now: float) -> ControlReply:
         return ControlReply(ok=True, data={"path": self.cfg.path, **self.cfg.as_dict()})

@@ -59,7 +59,9 @@ class DaemonCollector(Collector):
         ver_g = gauge("policy_version", "version of the current policy")
         age_g = gauge("last_report_age_seconds", "seconds since the engine's last report")
         cost_g = gauge("cost", "iteration-cost coefficient in use (s, s/token or s/request)", "coef")
-        r2_g = gauge("cost_fit_r2", "R² of the online cost fit", "phase")
+        err_g = gauge("cost_fit_rel_err", "held-out median relative error of the online cost fit (NaN: not fitted)",
+                      "phase")
+        use_g = gauge("cost_fit_in_use", "1 when the online cost fit of this phase gives the costs in use", "phase")
         reports = CounterMetricFamily(f"{PREFIX}_reports", "iteration reports received", labels=["engine"])
         updates = CounterMetricFamily(f"{PREFIX}_policy_updates", "policy recomputations", labels=["engine"])
         gaps = CounterMetricFamily(f"{PREFIX}_seq_gaps", "reports missing from the seq sequence",
@@ -81,13 +83,13 @@ class DaemonCollector(Collector):
             costs, _ = ctl.costs()
             for name, v in dataclasses.asdict(costs).items():
                 cost_g.add_metric([eid, name], v)
-            for phase in ("prefill", "decode", "mixed"):
-                fit = getattr(ctl.fits, phase)
-                r2_g.add_metric([eid, phase], fit.r2 if fit is not None else math.nan)
+            for phase, fit in ctl.online_costs.status(ctl.cost_choice()).items():
+                err_g.add_metric([eid, phase], fit.get("rel_err", math.nan))
+                use_g.add_metric([eid, phase], 1.0 if fit["in_use"] else 0.0)
             reports.add_metric([eid], ctl.reports)
             updates.add_metric([eid], ctl.updates)
             gaps.add_metric([eid], eng.seq_gaps)
-        yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, r2_g, reports,
+        yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
                     updates, gaps)
         c = d.counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",

@@ -71,7 +71,13 @@ def test_status_has_every_field_the_cli_shows(core):
               "last_update_age_s"):
         assert k in e, k
     assert e["reports"] == 200 and e["version"] >= 1 and e["mode"] == "eb"
-    assert e["cost_fits"]["decode"]["r2"] > 0.9
+    for kind in ("prefill", "decode"):  # 1% noise on TRUE: both fits pass and are in use
+        assert e["cost_fits"][kind]["in_use"] and e["cost_fits"][kind]["rel_err"] < 0.02, e["cost_fits"][kind]
+    assert e["cost_fits"]["mixed"]["state"] == "waiting" and e["costs"]["source"] == "online"
+    reg, lab = core.registry, {"engine": "dp0", "phase": "decode"}
+    assert reg.get_sample_value("ebctl_cost_fit_rel_err", lab) == e["cost_fits"]["decode"]["rel_err"]
+    assert reg.get_sample_value("ebctl_cost_fit_in_use", lab) == 1.0
+    assert reg.get_sample_value("ebctl_cost_fit_in_use", {**lab, "phase": "mixed"}) == 0.0
     daemon = rep.data["daemon"]
     assert daemon["counters"]["received"] == 200 and daemon["engines"] == 1
     assert set(daemon["endpoints"]) == {"telemetry", "policy", "control"}

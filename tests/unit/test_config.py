@@ -37,6 +37,20 @@ def test_bad_values_name_key_value_and_allowed(key, value, needle):
         assert repr(value) in str(e.value)
 
 
+def test_removed_cost_key_is_refused_naming_its_replacement(tmp_path):
+    """controller.min_cost_r2 (R², dropped for the held-out error test): an old file stops with the new key's
+    name rather than silently meaning something else; --set and tune say the same."""
+    f = tmp_path / "old.toml"
+    f.write_text("[controller]\nmin_cost_r2 = 0.8\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(str(f))
+    assert "controller.min_cost_r2=0.8: removed" in str(e.value) and "controller.cost_max_rel_err" in str(e.value)
+    assert str(f) in str(e.value)
+    with pytest.raises(ConfigError, match=r"use controller\.cost_max_rel_err"):
+        config.load(None, {"controller.min_cost_r2": "0.5"})
+    assert config.load(None, {"controller.cost_max_rel_err": "0.3"}).controller.cost_max_rel_err == 0.3
+
+
 def test_cross_key_rules():
     with pytest.raises(ConfigError, match="theta_min"):
         config.load(None, {"controller.theta_min": "0.5", "controller.theta_max": "0.4"})

@@ -208,7 +208,55 @@ def test_costs_fitted_online_replace_the_defaults():
     costs, source = ctl.costs()
     assert costs.alpha_d == pytest.approx(a_d, rel=0.05) and costs.beta_d == pytest.approx(b_d, rel=0.05)
     assert costs.alpha_p == pytest.approx(a_p, rel=0.1) and costs.beta_p == pytest.approx(b_p, rel=0.05)
-    assert "online" in source and pol.estimates.alpha_d == pytest.approx(a_d, rel=0.05)
+    assert source == "online" and pol.estimates.alpha_d == pytest.approx(a_d, rel=0.05)
+    assert pol.estimates.cost_source == "online" and ctl.status()["cost_reason"].startswith("online: ")
+
+
+def test_switch_costs_reach_alpha_p_through_the_report_stream():
+    """The decode step after a refill pays s_d, the refill itself s_p: both once per EB cycle, so the
+    online α_p is the prefill intercept plus both (costmodel.paper_costs); the controller computes
+    ``switched`` from consecutive reports."""
+    rng = np.random.default_rng(18)
+    a_p, b_p, s_p, a_d, b_d, s_d = 2e-3, 3e-5, 1e-3, 9e-3, 5e-5, 6e-3
+    ctl = Controller(ControllerParams(update_every=10, min_window=5), engine_id="e0")
+    for _ in range(150):
+        tok = int(rng.integers(100, 3000))
+        ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok,
+                           forward_s=(a_p + b_p * tok + s_p) * rng.lognormal(0, 0.01)))
+        n = int(rng.integers(1, 200))
+        for i in range(int(rng.integers(2, 10))):
+            ctl.observe(report(decode_reqs=n, running=n, forward_s=(a_d + b_d * n + s_d * (i == 0))
+                               * rng.lognormal(0, 0.01)))
+    feed(ctl, [50] * 20, [50] * 20)
+    costs, source = ctl.costs()
+    assert source == "online"
+    assert costs.alpha_p == pytest.approx(a_p + s_p + s_d, rel=0.1)
+    assert costs.alpha_d == pytest.approx(a_d, rel=0.05) and costs.beta_d == pytest.approx(b_d, rel=0.05)
+
+
+def test_profile_costs_stay_whole_until_both_fits_pass():
+    """Decode predictable, prefill not: Eq. 3 must not divide an online α_d into a profile's α_p."""
+    rng = np.random.default_rng(19)
+    base = model.Costs(alpha_p=1e-3, beta_p=2e-5, alpha_d=7e-3, beta_d=3e-5)
+    ctl = Controller(ControllerParams(update_every=10, min_window=5), base, cost_source="profile:test")
+    for _ in range(300):
+        n = int(rng.integers(1, 256))
+        ctl.observe(report(running=n, decode_reqs=n, forward_s=(0.02 + 2e-4 * n) * rng.lognormal(0, 0.01)))
+        ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=int(rng.integers(16, 4096)),
+                           forward_s=0.01 * rng.lognormal(0, 1.5)))
+    pol, _ = feed(ctl, [50] * 20, [50] * 20)
+    assert ctl.costs() == (base, "profile:test")
+    est = pol.estimates
+    assert (est.alpha_p, est.beta_p, est.alpha_d, est.beta_d) == (1e-3, 2e-5, 7e-3, 3e-5)
+    assert est.cost_source == "profile:test"
+    st = ctl.status()
+    assert st["cost_fits"]["decode"]["state"] == "passed, not in use"
+    assert st["cost_fits"]["prefill"]["state"] == "failed" and "> 20%" in st["cost_fits"]["prefill"]["reason"]
+    assert "profile:test: until the online fits pass (prefill: median error" in st["cost_reason"]
+    # a looser test (tune controller.cost_max_rel_err) lets the same data pass: then everything is online
+    ctl.set_params(dataclasses.replace(ctl.params, cost_max_rel_err=1.0))
+    feed(ctl, [50] * 20, [50] * 20)
+    assert ctl.costs()[1] == "online" and ctl.costs()[0].alpha_d == pytest.approx(0.02, rel=0.05)
 
 
 def test_exact_fluid_method_matches_model():

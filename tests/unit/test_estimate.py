@@ -13,16 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebctl.estimate import (
-    CostRegression,
-    DecodeCostFit,
-    Ema,
-    HazardFit,
-    LengthWindow,
-    MixedCostFit,
-    PrefillCostFit,
-    fit_hazard,
-)
+from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
 
 # the copies shipped in the package (ebctl/data/traces, from ../shared/traces with their attribution)
 TRACES = Path(__file__).resolve().parents[2] / "ebctl" / "data" / "traces"
@@ -296,82 +287,6 @@ def test_ema_converges_and_ignores_garbage():
     for bad in (0.0, -0.1, 1.5, math.nan):
         with pytest.raises(ValueError):
             Ema(bad)
-
-
-# ---- cost regressions
-
-
-def test_prefill_and_decode_fits_recover_alpha_beta():
-    rng = np.random.default_rng(0)
-    pf, dc = PrefillCostFit(), DecodeCostFit()
-    for _ in range(2000):
-        tok, n = int(rng.integers(64, 16_384)), int(rng.integers(1, 512))
-        assert pf.add(tok, (1.3e-3 + 2.5e-5 * tok) * (1 + 0.02 * rng.standard_normal()))
-        assert dc.add(n, (8.9e-3 + 4.6e-5 * n) * (1 + 0.02 * rng.standard_normal()))
-    p, d = pf.fit(), dc.fit()
-    assert p.ok and d.ok and p.n == d.n == 2000 and p.r2 > 0.99 and d.r2 > 0.9
-    assert p.coef == pytest.approx((1.3e-3, 2.5e-5), rel=0.03)
-    assert d.coef == pytest.approx((8.9e-3, 4.6e-5), rel=0.03)
-    assert PrefillCostFit.names == ("alpha_p", "beta_p") and DecodeCostFit.names == ("alpha_d", "beta_d")
-
-
-def test_mixed_fit_recovers_beta_mb_polynomial():
-    rng = np.random.default_rng(1)
-    truth = (2e-3, 4e-5, 6e-5, -7e-5)  # β_MB(r) = 4e-5 + 6e-5 r - 7e-5 r², positive on [0, 1]
-    m = MixedCostFit()
-    for _ in range(2000):
-        n_tok = int(rng.integers(256, 8192))
-        d = int(rng.integers(1, n_tok))
-        r = d / n_tok
-        t = truth[0] + (truth[1] + truth[2] * r + truth[3] * r * r) * n_tok
-        assert m.add(n_tok - d, d, t * (1 + 0.01 * rng.standard_normal()))
-    f = m.fit()
-    assert f.ok and f.r2 > 0.99 and f.coef[2] > 0 > f.coef[3]
-    assert f.coef == pytest.approx(truth, rel=0.05)
-
-
-def test_unidentifiable_and_small_windows_are_not_ok():
-    d = DecodeCostFit()
-    for _ in range(100):
-        d.add(64, 0.012)  # every decode batch had the same size: α and β cannot be separated
-    f = d.fit()
-    assert not f.ok and "spread" in f.reason and all(math.isnan(c) for c in f.coef)
-    m = MixedCostFit()
-    for n_tok in range(100, 300):
-        m.add(n_tok // 2, n_tok // 2, 1e-3 * n_tok)  # r fixed at 0.5: c0, c1, c2 are collinear
-    assert not m.fit().ok and m.fit().reason == "collinear design"
-    p = PrefillCostFit()
-    for tok in range(1, 11):
-        p.add(100 * tok, 1e-5 * tok)
-    assert not p.fit().ok and "samples" in p.fit().reason
-    assert p.fit(min_samples=5).ok
-
-
-def test_cost_adds_reject_garbage():
-    reg = CostRegression(2, capacity=10)
-    for x, y in [((1.0, 2.0), math.nan), ((1.0, 2.0), -1.0), ((1.0, math.inf), 1.0), ((1.0, None), 1.0),
-                 ((1.0, 2.0), math.inf), ((1.0, 2.0), "1")]:
-        assert not reg.add(x, y)
-    assert len(reg) == 0
-    with pytest.raises(ValueError):
-        reg.add((1.0,), 1.0)
-    m = MixedCostFit()
-    assert not m.add(0, 0, 1.0) and not m.add(-1, 5, 1.0) and not m.add(5, math.nan, 1.0)
-    assert not PrefillCostFit().add(-10, 1.0) and not DecodeCostFit().add(2.5, 1.0)
-    assert m.add(5, 5, 1.0) and len(m) == 1
-
-
-def test_window_tracks_a_change_of_coefficients():
-    rng = np.random.default_rng(2)
-    d = DecodeCostFit(capacity=500)
-    for alpha, beta in [(9e-3, 4.6e-5), (5e-3, 9e-5)]:
-        for _ in range(500):
-            n = int(rng.integers(1, 512))
-            d.add(n, (alpha + beta * n) * (1 + 0.01 * rng.standard_normal()))
-        assert len(d) == 500
-        assert d.fit().coef == pytest.approx((alpha, beta), rel=0.03)
-
-
 
 
 def test_eta_standard_error_is_calibrated():
