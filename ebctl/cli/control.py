@@ -22,32 +22,54 @@ from ebctl.config import Config, ConfigError
 @command(app)
 def status(
     cfg: Config,
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until Ctrl-C")] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="refresh until Ctrl-C; piped or to a file: one view per refresh")] = False,
     interval: Annotated[float, typer.Option(help="seconds between refreshes with --watch", min=0.1)] = 1.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print the raw status as JSON")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="the raw status as JSON (with --watch: one document per line)")] = False,
+    show_all: Annotated[bool, typer.Option(
+        "--all", "-a", help="every daemon counter and engine field instead of the compact view")] = False,
+    engines: Annotated[list[str] | None, typer.Option(
+        "--engine", "-e", show_default=False, help="only this engine id (repeatable)")] = None,
 ) -> None:
-    """The daemon's counters and, per engine, the policy and the estimates behind it."""
-    data = ask(cfg, "status")
+    """Per engine: mode, k, N, the policy's age, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, μ̂_L, μ̂_O, the costs and cost
+    fits in use, the gate's decisions and why; the daemon in two lines (every counter with --all)."""
+    only = set(engines or ())
+
+    def fetch(first: bool = False) -> dict[str, Any]:
+        data = ask(cfg, "status") if first else _status_or_error(cfg)
+        if only and isinstance(data.get("engines"), dict):
+            data["engines"] = {k: v for k, v in data["engines"].items() if k in only}
+        return data
+
+    data = fetch(first=True)  # unreachable at the start: exit 1 (in --watch, later misses show on screen)
     if not watch:
-        if as_json:
-            print_json(data)
-        else:
-            _out.print(status_view(data))
+        print_json(data) if as_json else _out.print(status_view(data, full=show_all))
         return
     with contextlib.suppress(KeyboardInterrupt):
-        if as_json:
-            while True:  # one JSON document per line
-                print_json(data, indent=None)
+        if as_json or not _out.is_terminal:  # a pipe or a file: stream, one document or one view per refresh
+            while True:
+                if as_json:
+                    print_json(data, indent=None)
+                else:
+                    _out.rule(time.strftime("%Y-%m-%d %H:%M:%S"), align="left", style="dim")
+                    _out.print(_watch_view(data, show_all, None))
+                    _out.file.flush()
                 time.sleep(interval)
-                data = _status_or_error(cfg)
+                data = fetch()
         from rich.live import Live
 
-        with Live(status_view(data), console=_out, auto_refresh=False) as live:
+        with Live(_watch_view(data, show_all, _out.size.height), console=_out, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                data = _status_or_error(cfg)
-                view = Text(data["error"], style="red") if "error" in data else status_view(data)
-                live.update(view, refresh=True)
+                live.update(_watch_view(fetch(), show_all, _out.size.height), refresh=True)
+
+
+def _watch_view(data: dict[str, Any], show_all: bool, height: int | None) -> Any:
+    """The view of one refresh; at a terminal, ``height`` rows at most (Live would cut the rest)."""
+    if "error" in data:
+        return Text(data["error"], style="red")
+    return status_view(data, full=show_all, height=height)
 
 
 def _status_or_error(cfg: Config) -> dict[str, Any]:
@@ -72,7 +94,7 @@ def tune_set(
             if not sep or not key:
                 raise ConfigError(f"{item!r}: expected KEY=VALUE, e.g. controller.mode=eb+")
             if key not in config.SPECS:
-                raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(config.SPECS))})")
+                raise config.unknown_key(key)
             updates[key] = config.coerce(key, value.strip())
     except ConfigError as e:
         fail(f"invalid value: {e}", 2)

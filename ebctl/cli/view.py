@@ -1,6 +1,8 @@
-"""How the ``ebctl`` commands print: JSON (``--json``), the changes a ``tune`` or ``reload`` made, and the
-rich tables of ``ebctl status`` (and ``fmt`` for ``ebctl profiles``). Pure output: nothing here talks to the
-daemon or reads the config, so the views are tested with plain dicts.
+"""How the ``ebctl`` commands print: JSON (``--json``), the changes a ``tune`` or ``reload`` made, and
+``ebctl status``: the compact view (``status_view``: the controller's state first, made for an 80×24
+terminal, two engines and more) and the full one (``status_view(full=True)``, ``--all``: every field the
+daemon sends, known or not). Pure output: nothing here talks to the daemon or reads the config, so the views
+are tested with plain dicts.
 """
 
 import json
@@ -11,6 +13,7 @@ from typing import Any
 import typer
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 _out = Console(width=None if sys.stdout.isatty() else 160)  # piped: don't squeeze tables to 80 columns
 
@@ -111,7 +114,8 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def status_view(data: dict[str, Any]) -> Group:
+def full_view(data: dict[str, Any]) -> Group:
+    """``ebctl status --all``: every daemon counter and every engine field, known or not."""
     daemon_t = pairs_grid("daemon", [(k.removeprefix("counters."), fmt(v))
                                      for k, v in _flatten(data.get("daemon") or {})])
     engines = data.get("engines") or {}
@@ -119,3 +123,187 @@ def status_view(data: dict[str, Any]) -> Group:
     if not engines:
         parts.append("[dim]no engine has reported yet[/dim]")
     return Group(daemon_t, *parts)
+
+
+# ---- the compact view: the controller's state first, one 80-column block per engine ---------------------
+
+def num(x: Any, *, signed: bool = False) -> str:
+    """A number in at most ~8 characters: 3 significant digits, thousands grouped, short exponents."""
+    if x is None or isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return "—" if not isinstance(x, bool) else fmt(x)
+    sign = "+" if signed and x > 0 else ""
+    if isinstance(x, int) or abs(x) >= 1000:
+        return f"{sign}{x:,.0f}" if abs(x) < 1e7 else f"{sign}{x:.2e}".replace("e+0", "e")
+    if x == 0 or abs(x) >= 1e-3:
+        return f"{sign}{x:.3g}"
+    return f"{sign}{x:.2e}".replace("e-0", "e-")
+
+
+def age(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return "—"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    for unit, size in (("s", 1), ("min", 60), ("h", 3600)):
+        if seconds < 120 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _line(*parts: tuple[str, str] | str, style: str = "") -> Text:
+    """One row that never wraps (cut with … at the terminal's edge): the height of the view stays fixed."""
+    t = Text(no_wrap=True, overflow="ellipsis", style=style)
+    for p in parts:
+        t.append(*p) if isinstance(p, tuple) else t.append(p)
+    return t
+
+
+def _daemon_lines(d: dict[str, Any]) -> list[Text]:
+    c = d.get("counters") or {}
+    counts = c if isinstance(c, dict) else {}
+    engines = d.get("engines", 0)
+    first = _line(("ebctl daemon", "bold"), f" pid {d.get('pid', '?')} · up {age(d.get('uptime_s'))} · "
+                  f"{engines} engine{'' if engines == 1 else 's'} · {num(counts.get('received'))} reports · "
+                  f"{num(counts.get('published'))} policies")
+    where = [f"config {d.get('config_path') or '—'}", f"profile {d.get('profile') or '—'}",
+             f"control {(d.get('endpoints') or {}).get('control', '?')}"]
+    if d.get("metrics"):
+        where.append(f"metrics {d['metrics']}")
+    lines = [first, _line(" · ".join(where), style="dim")]
+    problems = [(k, v) for k, v in _flatten({k: v for k, v in counts.items() if k not in
+                                             ("received", "published", "republished", "control_requests")})
+                if isinstance(v, int | float) and v]
+    restarts = d.get("restarts", d.get("daemon_restarts"))
+    if restarts:  # by ebctl start's supervisor
+        problems.insert(0, ("daemon restarts", restarts))
+    if problems:
+        lines.append(_line(("problems ", "bold yellow"), " · ".join(f"{k} {num(v)}" for k, v in problems),
+                           style="yellow"))
+    tuned = d.get("tuned")
+    if tuned:  # changed with `ebctl tune set`, not from the config file
+        text = ", ".join(f"{k}={v}" for k, v in tuned.items()) if isinstance(tuned, dict) else fmt(tuned)
+        lines.append(_line(("tuned live ", "bold"), text))
+    return lines
+
+
+def _grid(cells: list[tuple[str, str]], per_row: int = 4) -> Table:
+    """(label, value) cells, ``per_row`` pairs to a row, aligned in columns (values right-aligned)."""
+    grid = Table.grid(padding=(0, 1), pad_edge=False)
+    grid.add_column(width=1)  # the block's indent
+    for _ in range(per_row):
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column(justify="right", no_wrap=True, min_width=9)
+    for i in range(0, len(cells), per_row):
+        row = cells[i:i + per_row]
+        grid.add_row("", *(x for cell in row for x in cell))
+    return grid
+
+
+def _fits_text(fits: Any) -> str:
+    """Per cost kind: in use (✓, with its quality) or not (✗, with why); coefficients are on --all."""
+    if not isinstance(fits, dict):
+        return "—"
+    out = []
+    for kind, f in fits.items():
+        if not isinstance(f, dict):
+            out.append(f"{kind} —")
+            continue
+        used = next((f[k] for k in ("in_use", "used", "ok") if k in f), None)
+        words = [kind, {True: "✓", False: "✗", None: ""}[None if used is None else bool(used)]]
+        if not used and f.get("reason"):
+            words.append(str(f["reason"]))
+        else:
+            err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
+            words += [f"err {err:.1%}" if err is not None and math.isfinite(err) else "",
+                      f"R² {f['r2']:.3f}" if isinstance(f.get("r2"), int | float) and math.isfinite(f["r2"]) else "",
+                      f"n={num(f['n'])}" if "n" in f else ""]
+        out.append(" ".join(w for w in words if w))
+    return " · ".join(out)
+
+
+_COEF_LABELS = {"alpha_p": "α_P", "beta_p": "β_P", "alpha_d": "α_D", "beta_d": "β_D", "alpha_mb": "α_MB"}
+
+
+def _costs_text(st: dict[str, Any]) -> str:
+    costs = st.get("costs") if isinstance(st.get("costs"), dict) else {}
+    source = costs.get("source") or st.get("cost_source") or "?"
+    coefs = [(k, v) for k, v in _flatten({k: v for k, v in costs.items() if k != "source"})
+             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v]
+    return f"{source}: " + " ".join(f"{_COEF_LABELS.get(k, k)} {num(v)}" for k, v in coefs)
+
+
+def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
+    """One engine in ~9 rows of at most 80 columns: policy, threshold, hazard fit, costs, why."""
+    head = _line(("engine ", "bold"), (engine_id, "bold cyan"))
+    if isinstance(st.get("group_size"), int) and st["group_size"] > 1:
+        head.append(f" (group of {num(st['group_size'])})")
+    head.append(f" · policy v{st.get('version', '?')} · {num(st.get('reports'))} reports, last "
+                f"{age(st.get('last_report_age_s'))} ago")
+    if st.get("seq_gaps"):
+        head.append(f" · {num(st['seq_gaps'])} lost", style="yellow")
+    if st.get("mixed_unavailable"):
+        head.append(" · mb unavailable", style="yellow")
+    n = num(st.get("n_max"))
+    if st.get("n_limit"):
+        n += f"/{num(st['n_limit'])}"
+    kv = st.get("kv_reserve_frac")
+    cells = [("mode", str(st.get("mode", "—"))), ("k", num(st.get("k"))), ("N", n),
+             ("age", age(st.get("last_update_age_s"))),
+             ("θ̂0", num(st.get("theta0"))), ("Δθ", num(st.get("delta_theta"), signed=True)),
+             ("θ̂*", num(st.get("theta_star"))), ("N̂*", num(st.get("n_star"))),
+             ("p̂0", num(st.get("p0"))), ("η̂", num(st.get("eta"), signed=True)),
+             ("fit R²", num(st.get("fit_r2"))), ("N_obs", num(st.get("n_obs"))),
+             ("μ̂_L", num(st.get("mu_l"))), ("μ̂_O", num(st.get("mu_o"))),
+             ("window", num(st.get("n_window", st.get("window")))),
+             ("KV res.", "—" if not isinstance(kv, int | float) else f"{kv:.1%}")]
+    rows: list[Any] = [head, _grid(cells),
+                       _line(("  costs ", "cyan"), _costs_text(st)),
+                       _line(("  fits  ", "cyan"), _fits_text(st.get("cost_fits")))]
+    gate = st.get("gate_reasons")
+    if isinstance(gate, dict) and gate:
+        rows.append(_line(("  gate  ", "cyan"), " · ".join(f"{k} {num(v)}" for k, v in gate.items())))
+    why = _line(("  why   ", "cyan"), str(st.get("reason") or "—"))
+    if isinstance(st.get("eb_lhs"), int | float) and math.isfinite(st["eb_lhs"]):
+        why.append(f" · Eq. 8: {num(st['eb_lhs'])} vs {num(st.get('eb_rhs'))}")
+    if st.get("mixed_unavailable") and st.get("mixed_unavailable_reason"):
+        why.append(f" · mb unavailable: {st['mixed_unavailable_reason']}", style="yellow")
+    if st.get("last_error"):
+        why.append(f" · error: {st['last_error']}", style="red")
+    rows.append(why)
+    return Group(*rows)
+
+
+def summary_table(engines: dict[str, Any]) -> Table:
+    """One row per engine, for when the blocks do not fit the terminal's height."""
+    t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="cyan")
+    t.add_column("engine", overflow="fold", max_width=16)
+    for col in ("mode", "k", "N", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "age"):
+        t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
+    for eid, st in sorted(engines.items()):
+        t.add_row(eid, str(st.get("mode", "—")), num(st.get("k")), num(st.get("n_max")), num(st.get("theta0")),
+                  num(st.get("delta_theta"), signed=True), num(st.get("theta_star")), num(st.get("n_star")),
+                  num(st.get("p0")), num(st.get("eta"), signed=True), age(st.get("last_update_age_s")))
+    return t
+
+
+BLOCK_ROWS = 9  # an engine block's height at most (its gate row shows only once the gate has decided)
+
+
+def status_view(data: dict[str, Any], *, full: bool = False, height: int | None = None) -> Group:
+    """``ebctl status``. Compact unless ``full``; with ``height`` (a live view), engines that do not fit
+    as blocks are shown one row each (``--engine ID`` shows one in full)."""
+    if full:
+        return full_view(data)
+    engines = data.get("engines") or {}
+    parts: list[Any] = [*_daemon_lines(data.get("daemon") or {}), ""]
+    if not engines:
+        known = (data.get("daemon") or {}).get("engines")
+        parts.append(Text(f"none of the {known} engines matches --engine" if known else
+                          "no engine has reported yet", style="dim"))
+    elif height is not None and len(parts) + (BLOCK_ROWS + 1) * len(engines) - 1 > height:  # blank between
+        parts += [summary_table(engines), Text(f"{len(engines)} engines: too many for {height} rows; "
+                                               "--engine ID shows one in full", style="dim")]
+    else:
+        for i, (eid, st) in enumerate(sorted(engines.items())):
+            parts += [*([""] if i else []), engine_block(eid, st)]
+    return Group(*parts)

@@ -141,17 +141,6 @@ def test_daemon_stops_cleanly_on_ctrl_c_and_sigterm(daemon, rundir, conf_file):
         kill_group(again)
 
 
-def test_status_watch_refreshes_until_ctrl_c(daemon, rundir):
-    proc = subprocess.Popen([*EBCTL, "status", "--watch", "--json", "--interval", "0.2", "--runtime-dir", rundir],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = json.loads(proc.stdout.readline())  # one document per line
-    second = json.loads(proc.stdout.readline())
-    assert second["daemon"]["uptime_s"] > first["daemon"]["uptime_s"]
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=10)
-    assert proc.returncode == 0
-
-
 def test_tune_calibrate_writes_a_loadable_profile(daemon, rundir, tmp_path):
     r = ebctl("tune", "calibrate", "--runtime-dir", rundir)
     assert r.returncode == 1 and "no engine has reported yet" in r.stderr

@@ -67,6 +67,25 @@ def test_bad_set_exits_2_naming_key_value_and_allowed(args, needle):
         assert needle in r.stderr
 
 
+@pytest.mark.parametrize("key,suggested", [
+    ("controller.windw", "controller.window"),  # a typo
+    ("daemon.window", "controller.window"),  # the right name in the wrong section
+    ("mode", "controller.mode"),  # the section left out
+])
+def test_unknown_key_suggests_the_closest_instead_of_listing_all(key, suggested, tmp_path):
+    f = tmp_path / "e.toml"
+    section, _, name = key.rpartition(".")
+    f.write_text(f"[{section}]\n{name} = 1\n" if section else "")
+    runs = [invoke("config", "show", "--set", f"{key}=1"), invoke("tune", "set", f"{key}=1")]
+    if section:
+        runs.append(invoke("config", "check", str(f)))
+    for r in runs:
+        assert r.exit_code == 2 and f"unknown key {key!r}: did you mean {suggested}" in r.stderr, r.stderr
+        assert "daemon.curve_authorized" not in r.stderr  # not the whole list of keys
+    nothing_close = invoke("config", "show", "--set", "zzz.qqq=1")
+    assert "unknown key 'zzz.qqq'" in nothing_close.stderr and "ebctl config show" in nothing_close.stderr
+
+
 def test_bad_mode_names_the_allowed_values():
     r = invoke("config", "show", "--set", "controller.mode=fast")
     assert "allowed: one of eb, eb+, mb, off" in r.stderr
@@ -181,18 +200,87 @@ def test_sim_engine_command_passes_the_config_and_the_arguments():
                    "--engine-id", "e1", "--speed", "5"]
 
 
-def test_status_view_renders_every_field_and_missing_values():
+def render(renderable, width: int, height: int | None = None) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, height=height or 1000, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_status_view_all_renders_every_field_and_missing_values():
     st = {"mode": "eb", "k": 12, "n_max": 200, "theta_star": 0.31, "p0": float("nan"), "beta_p": 2.49e-5,
           "cost_source": "online", "reason": "hazard fit ok", "cost_fits": {"prefill": {"r2": 0.99, "n": 40}},
           "future_field": 3}
-    from rich.console import Console
-
-    console = Console(width=200, record=True)
-    console.print(view.status_view({"daemon": {"reports": 10, "rejected": {"malformed": 1}}, "engines": {"e0": st}}))
-    text = console.export_text()
+    text = render(view.status_view({"daemon": {"reports": 10, "rejected": {"malformed": 1}}, "engines": {"e0": st}},
+                                   full=True), 200)
     for needle in ("engine e0", "θ̂*", "0.31", "2.490e-05", "—", "hazard fit ok", "cost fit prefill", "r2=0.99",
                    "future_field", "rejected.malformed"):
         assert needle in text, needle
+
+
+# Two engines as the daemon reports them (keys of ebctl.daemon.control._engine_status), with numbers chosen so
+# that their compact forms are known by hand: 3 significant digits, signs on Δθ and η̂, ages in s.
+ENGINE_A = {"mode": "eb", "k": 59, "n_max": 339, "n_limit": 1024, "version": 22, "ttl_s": 10.0, "reason": "ok",
+            "theta0": 0.0412, "delta_theta": 0.135, "theta_star": 0.1762, "n_star": 339, "p0": 0.00251,
+            "eta": 1.18e-05, "fit_r2": 0.0247, "mu_l": 1113.28, "mu_o": 218.56, "n_window": 500, "n_obs": 256.0,
+            "kv_reserve_frac": 0.074, "eb_lhs": None, "eb_rhs": None, "reports": 2952, "last_report_age_s": 0.01,
+            "last_update_age_s": 3.21, "cost_source": "online(prefill,decode)",
+            "costs": {"alpha_p": 0.0044, "beta_p": 5.04e-05, "alpha_d": 0.016, "beta_d": 1.49e-4, "c0": None,
+                      "source": "online(prefill,decode)"},
+            "cost_fits": {"prefill": {"r2": 0.9999, "n": 1064, "in_use": True},
+                          "decode": {"r2": 0.925, "n": 1882, "in_use": True},
+                          "mixed": {"r2": None, "n": 0, "in_use": False, "reason": "too few"}},
+            "gate_reasons": {"threshold": 120, "starvation": 3}, "group_size": 2, "unknown_new_field": 7}
+ENGINE_B = {**ENGINE_A, "mode": "mb", "k": 7, "n_max": 128, "theta0": 0.105, "delta_theta": -0.02,
+            "theta_star": 0.085, "n_star": 128, "p0": 0.0512, "eta": -0.000354, "last_update_age_s": 75.0,
+            "cost_source": "profile:qwen3-8b/h200", "costs": {"alpha_p": 0.00128, "source": "profile:qwen3-8b/h200"}}
+DAEMON = {"pid": 4242, "uptime_s": 3700.0, "engines": 2, "config_path": "/etc/ebctl/ebctl.toml",
+          "profile": "qwen3-8b/h200", "endpoints": {"control": "ipc:///run/ebctl/control.sock"},
+          "restarts": 1, "tuned": {"controller.mode": "eb+"},
+          "counters": {"received": 123456, "published": 40, "republished": 900, "control_requests": 5,
+                       "rejected": {"malformed": 2, "version": 0}, "publish_errors": 0}}
+
+
+def test_status_view_fits_80x24_with_the_controller_of_two_engines():
+    text = render(view.status_view({"daemon": DAEMON, "engines": {"node-a/dp0": ENGINE_A, "node-b/dp1": ENGINE_B}},
+                                   height=24), 80, 24)
+    lines = text.rstrip("\n").split("\n")
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80, text
+    a, b = text.split("engine node-a/dp0")[1].split("engine node-b/dp1")
+    # mode, k, N, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, the costs and fits in use, the policy's age: per engine
+    for block, needles in ((a, ["eb", "59", "339/1,024", "0.0412", "+0.135", "0.176", "0.00251", "+1.18e-5",
+                                "3.2 s", "online(prefill,decode)", "prefill ✓ R² 1.000 n=1,064", "mixed ✗ too few",
+                                "threshold 120", "starvation 3", "1,113", "219", "group of 2"]),
+                           (b, ["mb", "7", "128/1,024", "0.105", "-0.02", "0.085", "0.0512", "-3.54e-4", "75 s",
+                                "profile:qwen3-8b/h200"])):
+        for label in ("mode", "k", "N", "age", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "costs", "fits"):
+            assert f" {label} " in block, label
+        for needle in needles:
+            assert needle in block, (needle, block)
+    assert "unknown_new_field" not in text  # extra fields: --all only
+    assert "problems daemon restarts 1 · rejected.malformed 2\n" in text  # only counters that are not zero
+    assert "up 62 min" in text and "123,456 reports" in text
+    assert "tuned live controller.mode=eb+" in text
+
+
+def test_status_view_too_many_engines_for_the_height_is_one_row_each():
+    engines = {f"n{i}/dp0": ENGINE_A for i in range(4)}
+    text = render(view.status_view({"daemon": DAEMON, "engines": engines}, height=24), 80, 24)
+    assert len(text.splitlines()) <= 24 and max(map(len, text.splitlines())) <= 80
+    rows = [line for line in text.splitlines() if line.startswith("n")]
+    assert len(rows) == 4 and all(row.split()[1:5] == ["eb", "59", "339", "0.0412"] for row in rows)
+    # without a height (status once, or piped) every engine gets its block
+    assert render(view.status_view({"daemon": DAEMON, "engines": engines}), 80).count("  θ̂0 ") == 4
+
+
+@pytest.mark.parametrize("x,signed,expected", [
+    (0.0363414, False, "0.0363"), (1113.28, False, "1,113"), (2.5149e-3, False, "0.00251"),
+    (1.1848e-05, True, "+1.18e-5"), (-3.54e-4, True, "-3.54e-4"), (0, True, "0"), (339, False, "339"),
+    (float("nan"), False, "—"), (None, False, "—"), (12345678.0, False, "1.23e7"),
+])
+def test_compact_numbers(x, signed, expected):
+    assert view.num(x, signed=signed) == expected
 
 
 def test_json_output_has_no_nan():
