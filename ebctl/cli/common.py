@@ -1,9 +1,16 @@
-"""The base of the ``ebctl`` command line: the Typer app, the global options and the ``command`` decorator,
-exits and messages, and control requests to the daemon (``request`` / ``ask`` / ``answers``). Every other
-module of ``ebctl.cli`` imports from this one, and this one from none of them.
+"""The base of the ``ebctl`` command line: the Typer app, the global options (``--config``, ``--set``,
+``--runtime-dir``, ``--insecure``) and ``--version``, the ``command`` decorator, exits and messages, and
+control requests to the daemon (``request`` / ``ask`` / ``answers``). Every other module of ``ebctl.cli``
+imports ``view`` and this one, and this one imports none of them.
+
+The global options are taken before or after the command's name by the commands that read the
+configuration (``daemon``, ``start``, ``status``, ``tune``, ``reload``, ``config``). ``profiles``,
+``keygen`` and ``simulate`` read none: given to them, the options are refused (exit 2), not ignored.
 """
 
+import importlib.metadata
 import inspect
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,25 +89,65 @@ _GLOBAL_PARAMS = [
 ]
 
 
+# commands that read no configuration: the global options given to them are refused, not ignored
+NO_CONFIG_COMMANDS = frozenset({"profiles", "keygen", "simulate"})
+
+
+def version_text() -> str:
+    from ebctl.protocol import PROTOCOL_VERSION
+    from sglang_patch import TESTED_SGLANG
+
+    return (f"ebctl {importlib.metadata.version('ebctl')} (wire protocol {PROTOCOL_VERSION}; SGLang plugin "
+            f"tested with sglang {TESTED_SGLANG}; Python {platform.python_version()})")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+def _explicit_globals(ctx: typer.Context) -> list[str]:
+    """The global options given on the command line here (EBCTL_CONFIG from the environment is ambient)."""
+    names = {"g_config": "--config", "g_sets": "--set", "g_runtime_dir": "--runtime-dir", "g_insecure": "--insecure"}
+    return [flag for p, flag in names.items() if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE"]
+
+
+def _refuse_globals(command_name: str, given: list[str]) -> None:
+    if given:
+        fail(f"ebctl {command_name} reads no configuration: {', '.join(given)} would change nothing (the global "
+             "options apply to daemon, start, status, tune, reload and config)", 2)
+
+
 @app.callback()
 def _root(ctx: typer.Context, g_config: ConfigOpt = None, g_sets: SetOpt = None,
-          g_runtime_dir: RuntimeDirOpt = None, g_insecure: InsecureOpt = False) -> None:
+          g_runtime_dir: RuntimeDirOpt = None, g_insecure: InsecureOpt = False,
+          version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                                help="print the version and exit")] = False) -> None:
     """Online controller for exclusive vs mixed batching in SGLang."""
+    if ctx.invoked_subcommand in NO_CONFIG_COMMANDS:
+        _refuse_globals(ctx.invoked_subcommand, _explicit_globals(ctx))
     ctx.obj = Globals(g_config, tuple(g_sets or ()), g_runtime_dir, g_insecure)
 
 
 def command(group: typer.Typer, name: str | None = None, **settings: Any) -> Callable[[Callable], Callable]:
     """Register ``fn`` as a command that also takes the global options. ``fn`` may ask for ``cfg`` (the
-    loaded Config) and/or ``g`` (the Globals, for commands that load a file of their own)."""
+    loaded Config) and/or ``g`` (the Globals, for commands that load a file of their own); a command that
+    asks for neither reads no configuration and refuses the global options (exit 2) instead of ignoring them."""
 
     def register(fn: Callable) -> Callable:
         sig = inspect.signature(fn, eval_str=True)
         own = [p for n, p in sig.parameters.items() if n not in ("cfg", "g")]
+        reads_config = "cfg" in sig.parameters or "g" in sig.parameters
 
         def wrapper(**kw: Any) -> Any:
+            ctx = kw.pop("g_ctx")
+            if not reads_config:
+                _refuse_globals(ctx.command_path.removeprefix(ctx.find_root().info_name or "").strip() or
+                                fn.__name__, _explicit_globals(ctx))
             here = Globals(kw.pop("g_config"), tuple(kw.pop("g_sets") or ()), kw.pop("g_runtime_dir"),
                            kw.pop("g_insecure"))
-            root = kw.pop("g_ctx").find_root().obj
+            root = ctx.find_root().obj
             g = (root if isinstance(root, Globals) else Globals()).then(here)
             if "g" in sig.parameters:
                 kw["g"] = g

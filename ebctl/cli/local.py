@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ebctl import config, profiles
 from ebctl.cli.common import app, command, fail
-from ebctl.cli.view import _out, fmt, print_json
+from ebctl.cli.view import _out, num, print_json
 from ebctl.security import SecurityError
 
 
@@ -26,14 +26,16 @@ def list_profiles(as_json: Annotated[bool, typer.Option("--json", help="print JS
                            "costs": {k: getattr(p.costs, k) for k in p.costs.__dataclass_fields__},
                            "has_beta_mb": math.isfinite(p.costs.c0)} for name, p in sorted(presets.items())})
         return
-    t = Table(title="built-in cost profiles", title_justify="left", box=box.SIMPLE,
-              caption="α in s, β in s/token; β_MB: a measured mixed-batch cost curve", caption_justify="left")
-    for col in ("name", "model", "gpu", "α_P", "β_P", "α_D", "β_D", "β_MB"):
+    wide = _out.width >= 120  # the model and GPU columns only where they fit: the name says both anyway
+    t = Table(title="built-in cost profiles", title_justify="left", box=box.SIMPLE, pad_edge=False,
+              caption="α in s, β in s/token; β_MB: a measured mixed-batch cost curve" +
+              ("" if wide else "; --json for the models"), caption_justify="left")
+    for col in ("name", *(("model", "gpu") if wide else ()), "α_P", "β_P", "α_D", "β_D", "β_MB"):
         t.add_column(col, justify="left" if col in ("name", "model", "gpu") else "right", no_wrap=True)
     for name, p in sorted(presets.items()):
         c = p.costs
-        t.add_row(name, p.model.split("/")[-1], p.gpu, fmt(c.alpha_p), fmt(c.beta_p), fmt(c.alpha_d),
-                  fmt(c.beta_d), "yes" if math.isfinite(c.c0) else "no")
+        t.add_row(name, *((p.model.split("/")[-1], p.gpu) if wide else ()), num(c.alpha_p), num(c.beta_p),
+                  num(c.alpha_d), num(c.beta_d), "yes" if math.isfinite(c.c0) else "no")
     _out.print(t)
 
 

@@ -143,18 +143,32 @@ def _f(x: float, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def render(header: dict[str, Any], results: list[dict[str, Any]], console: Console) -> None:
-    t = Table(title=f"{header['profile']} · {header['workload']} · {header['requests']} requests · "
-                    f"c={header['concurrency']}", title_justify="left")
-    for col in ("policy", "out tok/s", "total tok/s", "req/s", "TTFT p50/p99 s", "TPOT p50/p99 ms",
-                "ITL p99 ms", "goodput", "preempt", "peak KV", "mode / k·N"):
-        t.add_column(col, justify="left" if col in ("policy", "mode / k·N") else "right", no_wrap=True)
-    for r in results:
-        t.add_row(r["policy"], _f(r["tok_per_s"], digits=0), _f(r["total_tok_per_s"], digits=0),
-                  _f(r["req_per_s"]), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
-                  f"{_f(r['tpot_s']['p50'], 1e3, 1)}/{_f(r['tpot_s']['p99'], 1e3, 1)}",
-                  _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}", str(r["preemptions"]),
-                  f"{r['peak_kv_frac']:.0%}", _modes(r))
-    console.print(t)
+    cols = ("policy", "out tok/s", "total tok/s", "req/s", "TTFT p50/p99 s", "TPOT p50/p99 ms",
+            "ITL p99 ms", "goodput", "preempt", "peak KV", "mode / k·N")
+    rows = [(r["policy"], _f(r["tok_per_s"], digits=0), _f(r["total_tok_per_s"], digits=0),
+             _f(r["req_per_s"]), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
+             f"{_f(r['tpot_s']['p50'], 1e3, 1)}/{_f(r['tpot_s']['p99'], 1e3, 1)}",
+             _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}", str(r["preemptions"]),
+             f"{r['peak_kv_frac']:.0%}", _modes(r)) for r in results]
+
+    def table(title: str, idx: list[int]) -> Table:
+        t = Table(title=title, title_justify="left")
+        for i in idx:
+            t.add_column(cols[i], justify="left" if i in (0, len(cols) - 1) else "right", no_wrap=True)
+        for row in rows:
+            t.add_row(*(row[i] for i in idx))
+        return t
+
+    # Narrower than the table: split its columns into tables that fit, each led by the policy (never cut).
+    parts, cur = [], [0]
+    for i in range(1, len(cols)):
+        natural = console.measure(table("", [*cur, i]), options=console.options.update_width(10_000)).maximum
+        if len(cur) > 1 and natural > console.width:
+            parts, cur = [*parts, cur], [0]
+        cur.append(i)
+    title = f"{header['profile']} · {header['workload']} · {header['requests']} requests · c={header['concurrency']}"
+    for n, idx in enumerate([*parts, cur]):
+        console.print(table(title if n == 0 else "", idx))
     best = header.get("best_fixed_theta")
     if best:
         shares = ", ".join(f"{k} {v:.1%}" for k, v in best["share"].items())

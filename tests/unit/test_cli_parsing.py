@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import stat
@@ -14,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebctl import cli, config
-from ebctl.cli import common, run, view
+from ebctl.cli import common, local, run, view
 
 runner = CliRunner()
 
@@ -192,6 +193,86 @@ def test_profiles_lists_the_presets():
     assert d["qwen3-8b/h200"]["costs"]["alpha_d"] > 0
     table = invoke("profiles").stdout
     assert "qwen3-8b/h200" in table and "β_MB" in table
+
+
+def test_version():
+    import importlib.metadata
+
+    from sglang_patch import TESTED_SGLANG
+
+    for args in (["--version"], ["--version", "status"]):  # eager: before any command runs
+        r = invoke(*args)
+        assert r.exit_code == 0, r.output
+        assert r.stdout.startswith(f"ebctl {importlib.metadata.version('ebctl')} ")
+        assert f"sglang {TESTED_SGLANG}" in r.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["profiles", "--set", "controller.mode=mb"], ["--set", "controller.mode=mb", "profiles"],
+    ["keygen", "--config", "x.toml"], ["--runtime-dir", "/tmp/x", "keygen"],
+    ["--insecure", "simulate", "--requests", "10"],
+])
+def test_commands_that_read_no_config_refuse_the_global_options(args):
+    r = invoke(*args)
+    assert r.exit_code == 2 and "reads no configuration" in r.stderr, r.output
+    flag = next(a for a in args if a.startswith("--") and a != "--requests")
+    assert f"{flag} would change nothing" in r.stderr
+
+
+def test_simulate_after_its_name_has_no_global_options():
+    r = invoke("simulate", "--set", "controller.mode=mb")
+    assert r.exit_code == 2 and "No such option: --set" in r.output
+
+
+def test_ebctl_config_from_the_environment_does_not_break_commands_without_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("EBCTL_CONFIG", str(tmp_path / "missing.toml"))  # ambient, not given on this command
+    assert invoke("profiles", "--json").exit_code == 0
+
+
+def narrow(monkeypatch, width: int):
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    monkeypatch.setattr(view, "_out", console)
+    monkeypatch.setattr(local, "_out", console)
+    return console
+
+
+def test_profiles_table_is_whole_at_80_columns(monkeypatch):
+    from ebctl import profiles
+
+    console = narrow(monkeypatch, 80)
+    assert invoke("profiles").exit_code == 0
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for name, p in profiles.builtin().items():
+        row = next(line for line in text.splitlines() if line.split()[:1] == [name])
+        assert float(row.split()[1]) == pytest.approx(p.costs.alpha_p, rel=5e-3)  # 3 significant digits
+        assert row.split()[-1] == ("yes" if math.isfinite(p.costs.c0) else "no")
+
+
+def test_simulate_table_splits_instead_of_cutting_at_80_columns():
+    from rich.console import Console
+
+    from ebctl.sim import cli as sim_cli
+
+    result = {"policy": "eb:theta=0.35", "tok_per_s": 4053.2, "total_tok_per_s": 8156.7, "req_per_s": 7.81,
+              "ttft_s": {"p50": 0.02, "p99": 0.81}, "tpot_s": {"p50": 0.0142, "p99": 0.0146},
+              "itl_s": {"p99": 0.0324}, "goodput_frac": 0.97, "preemptions": 12, "peak_kv_frac": 0.07,
+              "mode_share": {"eb": 0.6, "off": 0.4}, "final_policy": {"k": 103, "n_max": 794}}
+    header = {"profile": "qwen3-8b/h200", "workload": "balanced", "requests": 300, "concurrency": "64"}
+    for width in (80, 200):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        sim_cli.render(header, [result, {**result, "policy": "mb", "mode_share": {"mb": 1.0}}], console)
+        text = console.export_text()
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        for needle in ("out tok/s", "total tok/s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p99 ms", "goodput",
+                       "preempt", "peak KV", "mode / k·N", "4,053", "8,157", "0.02/0.81", "14.2/14.6", "32.4",
+                       "97%", "12", "eb 60% off 40% k=103 N=794"):
+            assert needle in text, (width, needle)
+        tables = text.count("┏")
+        assert tables == 1 if width == 200 else tables >= 2
+        assert text.count("eb:theta=0.35") == tables  # each part led by the policy
 
 
 def test_sim_engine_command_passes_the_config_and_the_arguments():
