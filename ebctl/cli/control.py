@@ -4,6 +4,7 @@ effective configuration, this one's or the daemon's). Each is a control request 
 """
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -129,10 +130,17 @@ def reload(cfg: Config) -> None:
 def config_show(
     g: Globals,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of TOML")] = False,
-    from_daemon: Annotated[bool, typer.Option("--daemon", help="the running daemon's config, not this one")] = False,
+    from_daemon: Annotated[bool, typer.Option(
+        "--daemon", help="the running daemon's configuration (asked over the control socket), not this command's")
+    ] = False,
 ) -> None:
-    """Print the effective configuration (file + --set), every key with its doc and allowed values."""
+    """Print a configuration, every key with its doc and allowed values: by default the one this command
+    loads (the file, then --set), which is what `ebctl daemon` would start with; with --daemon, the one the
+    running daemon uses now (its file at start or last reload, its --set, and any `tune set`)."""
     cfg = g.load()
+    origin = (f"# this command's configuration: {cfg.path or 'built-in defaults'}"
+              f"{' + --set' if g.sets or g.runtime_dir or g.insecure else ''} (the running daemon's: "
+              "ebctl config show --daemon)\n")
     if from_daemon:
         try:
             data = ask(cfg, "config")
@@ -143,14 +151,17 @@ def config_show(
             return
         flat = {f"{s}.{k}": v for s, table in data.items() if isinstance(table, dict) for k, v in table.items()}
         try:
-            cfg = Config().with_updates({k: v for k, v in flat.items() if k in config.SPECS})
+            cfg = dataclasses.replace(Config().with_updates({k: v for k, v in flat.items() if k in config.SPECS}),
+                                      path=str(data.get("path") or ""))
         except ConfigError:
             print_json(data)
             return
+        origin = (f"# the running daemon's configuration ({cfg.endpoint('control')}), from "
+                  f"{cfg.path or 'no file'} and any --set or tune set\n")
     if as_json:
         print_json({**cfg.as_dict(), "path": cfg.path})
     else:
-        sys.stdout.write(config.to_toml(cfg))
+        sys.stdout.write(origin + config.to_toml(cfg))
 
 
 @command(config_app, "check")

@@ -180,3 +180,16 @@ def test_status_once_and_filtered(fed):
     none = subprocess.run([*EBCTL, "status", "--engine", "nope", "--config", str(fed.cfg_path)],
                           capture_output=True, text=True, timeout=20, env=env)
     assert none.returncode == 0 and "none of the 2 engines matches --engine" in none.stdout
+
+
+def test_config_show_says_whose_configuration_it_prints(fed, tmp_path):
+    """Without --daemon: this command's file and --set; with it: what the running daemon uses, tune included."""
+    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
+    cli = [*EBCTL, "--config", str(fed.cfg_path)]
+    assert subprocess.run([*cli, "tune", "set", "controller.delta=0.001"], env=env, timeout=20).returncode == 0
+    mine = subprocess.run([*cli, "config", "show"], capture_output=True, text=True, env=env, timeout=20)
+    theirs = subprocess.run([*cli, "config", "show", "--daemon"], capture_output=True, text=True, env=env, timeout=20)
+    assert mine.stdout.startswith(f"# this command's configuration: {fed.cfg_path} (the running daemon's: ")
+    assert theirs.stdout.startswith(f"# the running daemon's configuration ({fed.cfg.endpoint('control')}), "
+                                    f"from {fed.cfg_path}")
+    assert "\ndelta = 0.0\n" in mine.stdout and "\ndelta = 0.001\n" in theirs.stdout

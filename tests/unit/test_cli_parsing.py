@@ -369,9 +369,12 @@ def test_json_output_has_no_nan():
         {"a": [None, 1.5], "b": {"c": None}}
 
 
-def test_default_config_is_what_config_show_prints():
+def test_default_config_is_what_config_show_prints_and_it_says_whose():
     cfg = config.load(None)
-    assert invoke("config", "show").stdout == config.to_toml(cfg)
+    first, rest = invoke("config", "show").stdout.split("\n", 1)
+    assert rest == config.to_toml(cfg)
+    assert first == ("# this command's configuration: built-in defaults "
+                     "(the running daemon's: ebctl config show --daemon)")
 
 
 # ---- systemd/ -----------------------------------------------------------------------------------------
