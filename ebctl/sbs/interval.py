@@ -3,9 +3,9 @@
     I_opt = (T̄_fwd + L_net) / N_active                                   (§4.1.1, Algorithm 1 line 8)
 
 T̄_fwd is the mean of the last ``window`` forward times (Algorithm 1 lines 15-19; T_default until the
-first one). A release to the next target instance is due when both hold (Figure 5, §4.1.2):
+first one). A release is due when both hold (Figure 5, §4.1.2):
 
-* the interval: at least I_opt since the previous release (to any target);
+* the interval: I_opt has passed since the previous release's slot;
 * readiness of the target: it ended a forward since its last release (the EndForward fast path), or it
   reported zero tasks (the quiescence path), or it was never released to.
 
@@ -14,10 +14,16 @@ as ready anyway, and from then on it is *lost*: it gets a release every fixed in
 for its EndForward (the paper's graceful degradation to fixed-interval batching), until it reports again.
 
 Choices the paper leaves open, made here:
-* Targets are served in cyclic order of their ids (the paper says "the next target instance").
-* A target that is ready but has no room (the shell's PBAA assigned it nothing) is skipped with
-  :meth:`ReleaseClock.skip`: the pointer moves on without resetting the interval, so the next target may
-  be served at once. A release that sends nothing is not a release.
+* The target is the first *ready* one in cyclic order of ids, not strictly the next one: Figure 2(b)
+  sends a batch to "an engine that is ready or will soon be ready", and waiting for a busy one while
+  another is idle stalls every release behind the slowest instance (measured in the simulator: plain DP
+  fell far behind sglang's total_tokens that way).
+* The interval counts from the previous release's *slot*, with at most one interval of credit: a release
+  that had to wait for its target's EndForward does not push the next one back by the same wait. Counted
+  from the actual release, every forward shorter than T̄ made the next release miss a forward (under DP
+  attention, forward times vary around T̄ with the batch, so about half of them did).
+* A target that is ready but has no room (the shell's PBAA assigned it nothing) is passed over with
+  :meth:`ReleaseClock.skip`; a release that sends nothing is not a release.
 * Under plain DP every rank is a target (N_active = ranks); under DP attention the ranks run in lockstep
   as one instance, so there is one target and one release per forward (PBAA spreads it over the ranks).
 * T̄_fwd is the paper's windowed mean, not an EMA (Algorithm 1 line 19).
@@ -62,6 +68,7 @@ class ReleaseClock:
         self._order: list[int] = []
         self._next = 0
         self.last_release = -math.inf
+        self._since = -math.inf  # the interval to the next release counts from here
         self.releases = 0
         self.watchdog_fired = 0
         self.set_targets(targets)
@@ -108,42 +115,40 @@ class ReleaseClock:
 
     @property
     def target(self) -> int | None:
-        """The next target in cyclic order."""
+        """The next target in cyclic order (ready or not)."""
         return self._order[self._next % len(self._order)] if self._order else None
 
-    def _expired(self, st: _Target, now: float) -> bool:
-        return not st.ready and now - st.released_at >= self.watchdog_factor * self.t_fwd
+    def _cyclic(self) -> list[int]:
+        n = len(self._order)
+        return [self._order[(self._next + i) % n] for i in range(n)]
 
-    def _gap(self, st: _Target, now: float) -> float:
-        """The interval the target waits for: I_opt, or the fixed fallback once it is (being) lost."""
-        if (st.lost or self._expired(st, now)) and self.fixed_interval_s > 0:
-            return self.fixed_interval_s
-        return self.interval
+    def _expired(self, st: _Target, now: float) -> bool:
+        # compared as sums, the way next_check computes the deadline, so a wake-up at it finds it due
+        return not st.ready and now >= st.released_at + self.watchdog_factor * self.t_fwd
+
+    def _opens(self, st: _Target, now: float) -> float:
+        """When this target's release is allowed by the interval (−inf: already)."""
+        if st.ready:
+            return self._since + self.interval
+        fallback = self.last_release + (self.fixed_interval_s or self.interval)
+        if st.lost:
+            return fallback
+        return max(fallback, st.released_at + self.watchdog_factor * self.t_fwd)  # the watchdog's deadline
 
     def due(self, now: float) -> int | None:
-        """The target a release should go to now, or None (interval not elapsed, or the target not ready
-        and its watchdog not expired)."""
-        t = self.target
-        if t is None:
-            return None
-        st = self._state[t]
-        if not (st.ready or st.lost or self._expired(st, now)):
-            return None
-        return t if now - self.last_release >= self._gap(st, now) else None
+        """The target a release should go to now, or None. The first target in cyclic order that is ready
+        (or lost, or whose watchdog expired) and whose interval has elapsed."""
+        for t in self._cyclic():
+            if now >= self._opens(self._state[t], now):
+                return t
+        return None
 
     def next_check(self, now: float) -> float:
-        """The earliest time ``due`` can turn true without another event (infinite if only an event can)."""
-        t = self.target
-        if t is None:
-            return math.inf
-        st = self._state[t]
-        if st.ready or st.lost:
-            return max(now, self.last_release + self._gap(st, now))
-        deadline = st.released_at + self.watchdog_factor * self.t_fwd  # then it is due on the fallback gap
-        return max(now, deadline, self.last_release + (self.fixed_interval_s or self.interval))
+        """The earliest time ``due`` can turn true without another event (infinite with no target)."""
+        return max(now, min((self._opens(self._state[t], now) for t in self._order), default=math.inf))
 
     def release(self, target: int, now: float) -> None:
-        """A batch was sent to ``target`` at ``now``: restart the interval, arm its watchdog, move on."""
+        """A batch was sent to ``target`` at ``now``: count the interval on, arm its watchdog, move on."""
         st = self._state[target]
         if self._expired(st, now):
             st.lost = True
@@ -151,6 +156,8 @@ class ReleaseClock:
         st.ready = False
         st.released_at = now
         self.last_release = now
+        # the next interval counts from this release's slot, with at most one interval of credit
+        self._since = max(self._since + self.interval, now - self.interval)
         self.releases += 1
         self._advance(target)
 

@@ -28,15 +28,36 @@ def test_moving_average_over_the_window():
 
 def test_staggered_releases_wait_for_interval_and_end_forward():
     c = ReleaseClock([0, 1, 2, 3], t_default_s=0.75, l_net_s=0.25)  # I = (0.75 + 0.25)/4 = 0.25
-    for t, who in ((0.0, 0), (0.25, 1), (0.5, 2), (0.75, 3)):
-        assert t == 0.0 or c.due(t - 0.01) is None  # interval not elapsed
-        assert c.due(t) == who  # never released to: ready
-        c.release(who, t)
-    assert c.due(1.0) is None  # rank 0 has not ended a forward since its release
-    assert c.next_check(1.0) == pytest.approx(3.75)  # ... so only its watchdog (5·T̄) could make it due
-    c.end_forward(0, 0.25)  # T̄ = 0.25 → I = 0.125
+    c.release(c.due(0.0), 0.0)
+    assert c.due(0.0) == 1  # a cold start has one interval of credit
+    c.release(1, 0.0)
+    assert c.due(0.24) is None and c.due(0.25) == 2  # then one release per interval, in turn
+    c.release(2, 0.25)
+    assert c.due(0.5) == 3
+    c.release(3, 0.5)
+    assert c.due(0.75) is None  # every target is busy: none has ended a forward since its release
+    assert c.next_check(0.75) == pytest.approx(3.75)  # ... so only rank 0's watchdog (5·T̄) could fire
+    c.end_forward(2, 0.25)  # T̄ = 0.25 → I = 0.125
     assert c.interval == pytest.approx(0.125)
-    assert c.due(0.86) is None and c.due(0.875) == 0
+    assert c.due(0.75) == 2  # the first ready target in turn: busy 0 and 1 are passed over
+
+
+def test_interval_counts_from_the_slot_with_one_interval_of_credit():
+    c = ReleaseClock([0], t_default_s=1.0, l_net_s=0.0)  # I = 1
+    c.release(0, 0.0)
+    c.end_forward(0, 1.0)
+    c.release(0, 0.0)  # cold-start credit used: the slots are now 1, 2, 3, ...
+    c.end_forward(0, 1.0)
+    assert c.due(0.99) is None and c.due(1.0) == 0
+    c.release(0, 1.5)  # released half an interval late (its forward ended late) ...
+    c.end_forward(0, 1.0)
+    assert c.due(1.99) is None and c.due(2.0) == 0  # ... the next slot stays at 2.0, not 2.5
+    c.release(0, 4.0)  # two intervals late: the credit is capped at one
+    c.end_forward(0, 1.0)
+    assert c.due(4.0) == 0
+    c.release(0, 4.0)
+    c.end_forward(0, 1.0)
+    assert c.due(4.99) is None and c.due(5.0) == 0
 
 
 def test_quiescence_makes_a_target_ready():
@@ -56,10 +77,11 @@ def test_watchdog_falls_back_to_fixed_interval_until_the_target_reports():
     assert c.watchdog_fired == 1
     assert c.due(0.87) is None and c.due(0.875) == 7  # lost: released every fixed interval, no EndForward
     c.release(7, 0.875)
-    c.end_forward(7, 0.125)  # it is back: the dual trigger again
-    assert c.due(0.99) is None and c.due(1.0) == 7  # I = 0.125 since 0.875
+    c.end_forward(7, 0.125)  # it is back: the dual trigger again, I = 0.125 from the slot
+    assert c.due(0.87) is None and c.due(0.875) == 7
     c.release(7, 1.0)
-    assert c.due(1.25) is None and c.watchdog_fired == 1  # waits for its EndForward again
+    assert c.due(1.25) is None and c.next_check(1.25) == pytest.approx(1.5)  # its watchdog again
+    assert c.watchdog_fired == 1
 
 
 def test_skip_moves_on_without_resetting_the_interval():
