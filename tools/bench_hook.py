@@ -15,10 +15,15 @@ random-ids, all outputs ``--output-len`` tokens); configurations alternate over 
 - ``ebctl eb``: policy eb with k = 1 and n_max = the server's limit; the client keeps more requests in
   flight than the server runs (concurrency 24 > 16), so requests wait and the gate decides every step.
 
-Torch runs on one core (SGLANG_CPU_OMP_THREADS_BIND=0, OMP_NUM_THREADS=1; ``--all-cores`` to change):
-with its threads on every core of a 2-core machine, any other thread that wakes (a zmq I/O thread, the
-daemon, the client) stalls a forward's parallel region for a scheduler time slice, and those stalls, not
-the hooks, dominate the difference (measured: +15 % duration with 2 torch threads, ~1 % with one).
+Torch runs one OpenMP thread (``TORCH_PINNED``: SGLANG_CPU_OMP_THREADS_BIND=0, OMP_NUM_THREADS=1, the
+test harness's ONE_TORCH_CORE), and the report says so: with its threads on every core of a 2-core machine,
+any other thread that wakes (a zmq I/O thread, the HTTP server, tokenizer, detokenizer, daemon, client)
+stalls a forward's parallel region for a scheduler time slice, and those stalls, not the engine or the
+hooks, dominate every difference (measured: +15 % duration with 2 torch threads, ~1 % with one). Every
+throughput comparison on the CPU server runs pinned; ``--all-cores`` (sglang's default threading) is for
+seeing that contention, and its report is marked as such. sglang binds the thread to core 0 itself only
+where its CPU kernels are built (AMX, arm64; ``srt/distributed/bootstrap.py`` ``_init_cpu_threads_env``);
+the scheduler's allowed CPUs are printed with the results.
 
 Scheduler CPU: user + system time of the ``sglang::scheduler`` process (all its threads: torch's, zmq's)
 during the measured load, from /proc; unlike wall-clock times it hardly moves with other load on the
@@ -49,6 +54,21 @@ sys.path.insert(0, str(REPO))
 from harness import Daemon, Server, bench  # noqa: E402
 
 CONFIGS = ("stock", "ebctl off", "ebctl eb")
+TORCH_PINNED = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}  # = harness.ONE_TORCH_CORE
+
+
+def torch_env(all_cores: bool) -> dict[str, str]:
+    """The server's torch threading: one OpenMP thread, or sglang's default (every core of the node)."""
+    if all_cores:
+        return {"SGLANG_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    return dict(TORCH_PINNED)
+
+
+def describe_torch(env: dict[str, str]) -> str:
+    threads = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    if env == TORCH_PINNED:
+        return f"torch pinned: one OpenMP thread ({threads})"
+    return f"torch NOT pinned ({threads}): figures include thread contention, not comparable to pinned runs"
 
 
 def sglang_venv(arg: str | None) -> Path:
@@ -66,30 +86,33 @@ def ensure_installed(venv: Path) -> None:
                         str(REPO)], check=True)
 
 
-def run_one(config: str, venv: Path, model: Path, work: Path, load: dict) -> dict:
+def run_one(config: str, venv: Path, model: Path, work: Path, load: dict, torch: dict[str, str]) -> dict:
+    """One configuration on a fresh server whose torch threading is ``torch`` (``torch_env``)."""
     work.mkdir(parents=True, exist_ok=True)
     daemon = server = None
     try:
         args = ["--max-running-requests", str(load["max_running"])]
         if config == "stock":
-            server = Server(venv, model, work, args, plugins="none")
+            server = Server(venv, model, work, args, plugins="none", env=torch)
         else:
             mode = "off" if config == "ebctl off" else "eb"
             daemon = Daemon(work, {"controller.mode": mode, "controller.cold_mode": mode,
                                    "controller.k_override": "1",
                                    "controller.n_override": str(load["max_running"])})
-            server = Server(venv, model, work, args, ebctl_config=daemon.cfg_path)
+            server = Server(venv, model, work, args, ebctl_config=daemon.cfg_path, env=torch)
         common = {"input_len": load["input_len"], "output_len": load["output_len"], "range_ratio": 1.0,
                   "concurrency": load["concurrency"]}
         bench(venv, server.url, work / "warmup.json", num_prompts=load["concurrency"], seed=99, **common)
         sched = scheduler_pid(server.proc.pid)
+        allowed = allowed_cpus(sched)
         cpu0 = cpu_seconds(sched)
         dcpu0 = cpu_seconds(daemon.proc.pid) if daemon else 0.0
         res = bench(venv, server.url, work / "bench.json", num_prompts=load["prompts"], seed=1, **common)
         out = {"config": config, "duration_s": res["duration"], "output_tok_s": res["output_throughput"],
                "median_itl_ms": res["median_itl_ms"], "p99_itl_ms": res["p99_itl_ms"],
                "completed": res["completed"], "sched_cpu_s": cpu_seconds(sched) - cpu0,
-               "daemon_cpu_s": cpu_seconds(daemon.proc.pid) - dcpu0 if daemon else 0.0}
+               "daemon_cpu_s": cpu_seconds(daemon.proc.pid) - dcpu0 if daemon else 0.0,
+               "sched_cpus_allowed": allowed}
         if config != "stock":
             st = server.ebctl()
             assert st["enabled"], st
@@ -113,6 +136,14 @@ def scheduler_pid(launcher: int) -> int:
                 if int(rest.split()[2]) == launcher and comm.endswith("(sglang::schedul"):
                     return int(d.name)
     raise RuntimeError(f"no sglang::scheduler process in group {launcher}")
+
+
+def allowed_cpus(pid: int) -> str:
+    """The CPUs the process may run on (``Cpus_allowed_list`` in /proc/PID/status), e.g. "0" or "0-1"."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -257,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-mb", type=int, default=16,
                     help="buffer swept between iterations of the cold replay (MB; this VM: 2 MB L2, 32 MB L3)")
     ap.add_argument("--all-cores", action="store_true",
-                    help="let torch use every core (default: one, see the module docstring)")
+                    help="sglang's default threading, torch on every core (default: one pinned OpenMP thread; "
+                         "the module docstring says why)")
     a = ap.parse_args(argv)
-    if not a.all_cores:
-        os.environ.update(SGLANG_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1")
+    torch = torch_env(a.all_cores)
+    os.environ.update(torch)  # the replays below run in this process
+    print(describe_torch(torch))
     warm, cold = replay(), replay(3000, sweep_mb=a.sweep_mb)
     ref = replay(3000, sweep_mb=a.sweep_mb, minimal=True)
     print(f"hook code replayed (one iteration's hook calls in a loop on stand-ins, real zmq link, eb policy, minus "
@@ -285,22 +318,22 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(a.rounds):
             for config in CONFIGS:
                 t0 = time.monotonic()
-                r = run_one(config, venv, model, Path(tmp) / f"{rnd}-{config.replace(' ', '-')}", load)
+                r = run_one(config, venv, model, Path(tmp) / f"{rnd}-{config.replace(' ', '-')}", load, torch)
                 r["round"] = rnd
                 results.append(r)
                 print(f"  round {rnd} {config:<10} done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    print(report(results, load))
+    print(report(results, load, torch))
     if a.json:
-        Path(a.json).write_text(json.dumps({"load": load, "results": results}, indent=1))
+        Path(a.json).write_text(json.dumps({"load": load, "torch": torch, "results": results}, indent=1))
     return 0
 
 
-def report(results: list[dict], load: dict) -> str:
-    torch_cores = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND", "all")
+def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
+    allowed = sorted({r.get("sched_cpus_allowed", "?") for r in results})
     lines = [f"load: {load['prompts']} prompts, concurrency {load['concurrency']}, input {load['input_len']}, "
              f"output {load['output_len']} tokens, --max-running-requests {load['max_running']}, tiny model on "
-             f"{os.cpu_count()} CPU cores (torch on: {torch_cores}); median over "
-             f"{max(r['round'] for r in results) + 1} round(s)",
+             f"{os.cpu_count()} CPU cores; median over {max(r['round'] for r in results) + 1} round(s)",
+             f"{describe_torch(torch)}; scheduler allowed on CPUs {', '.join(allowed)}",
              f"{'config':<10} {'iters':>6} {'hook p50':>9} {'hook p99':>9} {'sched CPU':>10} {'daemon CPU':>10} "
              f"{'duration':>9} {'(min)':>7} {'out tok/s':>10} {'ITL p50':>8}"]
     for config in CONFIGS:

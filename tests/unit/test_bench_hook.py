@@ -1,0 +1,70 @@
+"""tools/bench_hook.py runs the CPU server with one pinned OpenMP thread, says so, and ``--all-cores`` really
+unpins it (the test harness's Server pins unless told otherwise). No server is started here."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_hook():
+    spec = importlib.util.spec_from_file_location("bench_hook", REPO / "tools" / "bench_hook.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # puts tests/sglang (the harness) on sys.path
+    yield module
+    sys.modules.pop("bench_hook", None)
+
+
+class Started(Exception):
+    """Raised by the stand-in Server once it has recorded its environment."""
+
+
+def server_env_of(bench_hook, monkeypatch, config: str, torch: dict[str, str]) -> dict[str, str]:
+    seen: dict[str, str] = {}
+
+    def server(venv, model, work, args, **kw):
+        seen.update(kw.get("env") or {})
+        raise Started
+
+    class Daemon:  # the plugin's configurations start a daemon first; a stand-in that only has a config path
+        def __init__(self, work, settings):
+            self.cfg_path = work / "ebctl.toml"
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(bench_hook, "Server", server)
+    monkeypatch.setattr(bench_hook, "Daemon", Daemon)
+    with pytest.raises(Started):
+        bench_hook.run_one(config, Path("venv"), Path("model"), Path("/tmp/bench-hook-test"), {"max_running": 16},
+                           torch)
+    return seen
+
+
+@pytest.mark.parametrize("config", ["stock", "ebctl off", "ebctl eb"])
+def test_every_configuration_runs_pinned_by_default(bench_hook, monkeypatch, config):
+    pinned = bench_hook.torch_env(all_cores=False)
+    # one OpenMP thread, sglang's bind list naming core 0: what the issue measured as the engine's own speed
+    assert pinned == {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
+    assert server_env_of(bench_hook, monkeypatch, config, pinned) == pinned
+    assert bench_hook.describe_torch(pinned).startswith("torch pinned: one OpenMP thread")
+
+
+def test_all_cores_really_unpins_and_says_so(bench_hook, monkeypatch):
+    unpinned = bench_hook.torch_env(all_cores=True)
+    assert unpinned["SGLANG_CPU_OMP_THREADS_BIND"] == "all"  # sglang's default: every core of the NUMA node
+    assert server_env_of(bench_hook, monkeypatch, "stock", unpinned) == unpinned
+    assert "NOT pinned" in bench_hook.describe_torch(unpinned)
+
+
+def test_the_report_names_the_threading(bench_hook):
+    row = {"config": "stock", "round": 0, "iterations": 100, "duration_s": 7.0, "sched_cpu_s": 6.0,
+           "daemon_cpu_s": 0.0, "output_tok_s": 1500.0, "median_itl_ms": 9.0, "sched_cpus_allowed": "0-1"}
+    text = bench_hook.report([row], {"prompts": 300, "concurrency": 24, "input_len": 64, "output_len": 64,
+                                     "max_running": 16}, bench_hook.torch_env(all_cores=False))
+    assert "torch pinned: one OpenMP thread (OMP_NUM_THREADS=1, SGLANG_CPU_OMP_THREADS_BIND=0)" in text
+    assert "scheduler allowed on CPUs 0-1" in text
