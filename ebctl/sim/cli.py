@@ -62,12 +62,30 @@ def simulate(
     plot: Annotated[Path | None, typer.Option(help="Draw throughput vs θ and the eb+ mode over time "
                                                    "(needs matplotlib).")] = None,
     progress: Annotated[bool, typer.Option(help="Progress bar on a terminal.")] = True,
+    dp: Annotated[int, typer.Option(help="Data-parallel ranks: simulate dispatch over N ranks (ebctl.sim.dp) "
+                                         "instead of one engine; 0: off.")] = 0,
+    dispatch: Annotated[str, typer.Option(help="--dp: comma-separated dispatch policies: round-robin, "
+                                               "total-tokens (sglang's), sbs.")] = "round-robin,total-tokens,sbs",
+    dp_mode: Annotated[str, typer.Option(help="--dp: attention (DP+EP, ranks in lockstep) or plain.")] = "attention",
+    rate: Annotated[float, typer.Option(help="--dp: Poisson arrivals per second; 0: the trace's timestamps.")] = 0.0,
+    chunk: Annotated[int, typer.Option(help="--dp: prefill tokens per rank and forward.")] = 3072,
+    dp_profile: Annotated[str, typer.Option(help="--dp: dpep (DeepSeek-V3 DP+EP, scaled from "
+                                                 "qwen3-30b-a3b/h200) or a profile name, unscaled.")] = "dpep",
 ) -> None:
     """Simulate an engine under each policy on one workload and compare throughput and latency."""
     if plot is not None and not _has_matplotlib():
         raise _fail("--plot needs matplotlib: pip install 'ebctl[plot]'")
     if workload is not None and trace is not None:
         raise _fail("give --workload or --trace, not both")
+    if dp:
+        from ebctl.sim.dp.cli import simulate_dp
+        try:
+            simulate_dp(dp=dp, dispatch_list=dispatch, mode=dp_mode, rate=rate, chunk=chunk, profile=dp_profile,
+                        workload=workload, trace=str(trace) if trace else None, requests=requests, seed=seed,
+                        time_scale=time_scale, json_out=json_out, command=_command_line())
+        except (ValueError, OSError, profiles.ProfileError) as e:
+            raise _fail(str(e)) from None
+        return
     try:
         prof = profiles.load(profile)
         cm = costs.build(prof, cost_model, layers=layers or None)
