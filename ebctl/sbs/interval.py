@@ -156,8 +156,9 @@ class ReleaseClock:
         st.ready = False
         st.released_at = now
         self.last_release = now
-        # the next interval counts from this release's slot, with at most one interval of credit
-        self._since = max(self._since + self.interval, now - self.interval)
+        # the next interval counts from this release's slot, with at most one interval of credit (none for
+        # the very first release: back-to-back first releases would bunch the targets' phases together)
+        self._since = now if self._since == -math.inf else max(self._since + self.interval, now - self.interval)
         self.releases += 1
         self._advance(target)
 

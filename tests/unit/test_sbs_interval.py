@@ -28,25 +28,20 @@ def test_moving_average_over_the_window():
 
 def test_staggered_releases_wait_for_interval_and_end_forward():
     c = ReleaseClock([0, 1, 2, 3], t_default_s=0.75, l_net_s=0.25)  # I = (0.75 + 0.25)/4 = 0.25
-    c.release(c.due(0.0), 0.0)
-    assert c.due(0.0) == 1  # a cold start has one interval of credit
-    c.release(1, 0.0)
-    assert c.due(0.24) is None and c.due(0.25) == 2  # then one release per interval, in turn
-    c.release(2, 0.25)
-    assert c.due(0.5) == 3
-    c.release(3, 0.5)
-    assert c.due(0.75) is None  # every target is busy: none has ended a forward since its release
-    assert c.next_check(0.75) == pytest.approx(3.75)  # ... so only rank 0's watchdog (5·T̄) could fire
+    for t, who in ((0.0, 0), (0.25, 1), (0.5, 2), (0.75, 3)):
+        assert t == 0.0 or c.due(t - 0.01) is None  # interval not elapsed
+        assert c.due(t) == who  # never released to: ready; one release per interval, in turn
+        c.release(who, t)
+    assert c.due(1.0) is None  # every target is busy: none has ended a forward since its release
+    assert c.next_check(1.0) == pytest.approx(3.75)  # ... so only rank 0's watchdog (5·T̄) could fire
     c.end_forward(2, 0.25)  # T̄ = 0.25 → I = 0.125
     assert c.interval == pytest.approx(0.125)
-    assert c.due(0.75) == 2  # the first ready target in turn: busy 0 and 1 are passed over
+    assert c.due(1.0) == 2  # the first ready target in turn: busy 0 and 1 are passed over
 
 
 def test_interval_counts_from_the_slot_with_one_interval_of_credit():
     c = ReleaseClock([0], t_default_s=1.0, l_net_s=0.0)  # I = 1
-    c.release(0, 0.0)
-    c.end_forward(0, 1.0)
-    c.release(0, 0.0)  # cold-start credit used: the slots are now 1, 2, 3, ...
+    c.release(0, 0.0)  # slots at 1, 2, 3, ...
     c.end_forward(0, 1.0)
     assert c.due(0.99) is None and c.due(1.0) == 0
     c.release(0, 1.5)  # released half an interval late (its forward ended late) ...
