@@ -49,12 +49,20 @@ def simulate(
                                                                 "eb:theta=X, eb-auto, eb+.")] = DEFAULT_POLICIES,
     sweep_theta: Annotated[bool, typer.Option("--sweep-theta", help="Add eb:theta=X for X in 0.05..0.95.")] = False,
     seed: Annotated[int, typer.Option(help="Workload sampling seed (the engine is deterministic).")] = 0,
-    max_running: Annotated[int, typer.Option(help="Engine slots N.")] = 1024,
-    token_budget: Annotated[int, typer.Option(help="Tokens per iteration B (chunked prefill).")] = 8192,
-    kv_tokens: Annotated[int, typer.Option(help="KV capacity C in tokens; 0: from the model and GPU.")] = 0,
-    block_size: Annotated[int, typer.Option(help="KV block size b.")] = 16,
-    cost_model: Annotated[str, typer.Option(help="profile (context-aware, calibrated mixed cost) or "
-                                                 "linear (the paper's).")] = "profile",
+    engine_rules: Annotated[str, typer.Option(help="Whose scheduler: sglang (0.5.23, the engine ebctl steers) "
+                                                   "or vllm (V0 stock / v1 mixed, the paper's).")] = "sglang",
+    max_running: Annotated[int, typer.Option(help="Engine slots N (--max-running-requests).")] = 1024,
+    token_budget: Annotated[int, typer.Option(help="Tokens per iteration B (--chunked-prefill-size).")] = 8192,
+    kv_tokens: Annotated[int, typer.Option(help="KV capacity C in tokens (--max-total-tokens); 0: the "
+                                                "profile's engine, else from the model and GPU.")] = 0,
+    block_size: Annotated[int, typer.Option(help="KV page in tokens; 0: the rules' (sglang 1, vLLM 16).")] = 0,
+    mixed_chunk: Annotated[bool, typer.Option("--mixed-chunk", help="Launch with mixed chunks (sglang "
+                                              "--enable-mixed-chunk; vllm: v1): what v0 runs.")] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="sglang: 0 = requests carry their output length with "
+                                                     "ignore_eos; N = max_new_tokens N, stopping at EOS.")] = 0,
+    cost_model: Annotated[str, typer.Option(help="profile (what the profile carries for the simulator), "
+                                                 "iteration (its forward-pass fit) or linear (the paper's)."
+                                            )] = "profile",
     layers: Annotated[int, typer.Option(help="Layers for the attention terms; 0: the model's (Qwen3-8B: 36).")] = 0,
     slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds.")] = 10.0,
     slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: TPOT seconds.")] = 0.1,
@@ -89,9 +97,10 @@ def simulate(
     try:
         prof = profiles.load(profile)
         cm = costs.build(prof, cost_model, layers=layers or None)
-        kv = kv_tokens or hardware.kv_capacity_tokens(prof.model, prof.gpu)
-        cfg = EngineConfig(max_running=max_running, token_budget=token_budget, kv_tokens=kv,
-                           block_size=block_size)
+        sim_engine = (getattr(prof, "sim", None) or {}).get("engine", {})
+        kv = kv_tokens or int(sim_engine.get("kv_tokens", 0)) or hardware.kv_capacity_tokens(prof.model, prof.gpu)
+        cfg = EngineConfig(rules=engine_rules, max_running=max_running, token_budget=token_budget, kv_tokens=kv,
+                           block_size=block_size, mixed_chunk=mixed_chunk, max_new_tokens=max_new_tokens)
         if trace is not None:
             wl = workloads.from_trace(trace, requests, seed=seed, open_loop=open_loop, time_scale=time_scale)
         else:
@@ -125,8 +134,8 @@ def simulate(
     header = {"command": _command_line(),
               "profile": prof.name, "workload": wl.name, "requests": len(wl),
               "concurrency": wl.concurrency_label(concurrency),
-              "engine": {"max_running": cfg.max_running, "token_budget": cfg.token_budget,
-                         "kv_tokens": cfg.kv_tokens, "block_size": cfg.block_size},
+              "engine": {"rules": cfg.rules, "max_running": cfg.max_running, "token_budget": cfg.token_budget,
+                         "kv_tokens": cfg.kv_tokens, "block_size": cfg.page, "mixed_chunk": cfg.mixed_chunk},
               "cost_model": costs.describe(cm), "best_fixed_theta": best_theta(results)}
     if json_out:
         print(json.dumps(jsonable({**header, "results": results})))

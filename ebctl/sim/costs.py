@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Protocol
 
+import msgspec
 import numpy as np
 
 from ebctl import model
+from ebctl.costmodel import IterationCosts
 from ebctl.profiles import Profile
 from ebctl.sim import hardware
 
@@ -78,6 +80,40 @@ class LinearCostModel:
         if d:
             return c.alpha_d + c.beta_d * d
         return 0.0
+
+
+@dataclass(frozen=True)
+class IterationCostModel:
+    """Prices an iteration with the project's shared cost model (:class:`ebctl.costmodel.IterationCosts`):
+    per kind, intercept + coefficients · (prefill tokens, prefill requests, decode requests, decode context
+    tokens, switched). A calibrated profile carries it (``ebctl.sim.calibrate``). A kind the profile lacks:
+    a mixed iteration is priced as its prefill part plus its decode part, less the smaller intercept (one
+    iteration pays the fixed cost once); a missing prefill or decode cost is an error when built."""
+
+    costs: IterationCosts
+    name: str = "iteration-costs"
+
+    def __post_init__(self) -> None:
+        missing = [k for k in ("prefill", "decode") if getattr(self.costs, k) is None]
+        if missing:
+            raise ValueError(f"iteration costs without {' and '.join(missing)} costs cannot price an iteration")
+
+    def step_time(self, batch: Batch) -> float:
+        p, n = batch.prefill_tokens, batch.decode_ctx.size
+        if not p and not n:
+            return 0.0
+        c = self.costs
+        sw = float(batch.switched)
+        ctx = float(batch.decode_ctx.sum()) if n else 0.0
+        if p and n:
+            if c.mixed is not None:
+                return c.mixed.predict(p, batch.prefill_reqs, n, ctx, sw)
+            pre, dec = c.prefill, c.decode
+            return (pre.predict(p, batch.prefill_reqs, 0, 0, sw) + dec.predict(0, 0, n, ctx, 0)
+                    - min(pre.intercept_s, dec.intercept_s))
+        if p:
+            return c.prefill.predict(p, batch.prefill_reqs, 0, 0, sw)
+        return c.decode.predict(0, 0, n, ctx, sw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +211,7 @@ class ProfileCostModel:
                    decode_attention_ms=tuple(profile.decode_attention_ms), prefill_q=q, p_bar=p_bar)
         if not (calibrate and profile.costs.has_mixed):
             return base
-        from ebctl.sim.calibrate import interference_for  # the calibration runs the engine, which needs Batch
+        from ebctl.sim.interference import interference_for  # the calibration runs the engine, which needs Batch
 
         kv = ref_kv_tokens or hardware.kv_capacity_tokens(profile.model, profile.gpu)
         return base.with_interference(interference_for(base, kv_tokens=kv))
@@ -274,16 +310,36 @@ def _absorbed_position(sizes: tuple[int, ...]) -> float:
 
 def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
           prefill_attention: bool = True) -> CostModel:
-    """The named cost model for a profile: "profile" (default) or "linear"."""
+    """The named cost model for a profile.
+
+    ``profile`` (default): what the profile carries for the simulator, in this order: ``sim.iteration_costs``
+    (whole-iteration periods calibrated on a real engine, ``ebctl.sim.calibrate``), else the end-to-end model
+    of its measured coefficients. ``iteration``: the profile's ``iteration_costs`` (the daemon's fit of forward
+    passes: the engine's overheads outside the forward are missing, so it predicts too fast). ``linear``: the
+    paper's α/β as written."""
     if kind == "linear":
         return LinearCostModel(profile.costs)
+    if kind == "iteration":
+        ic = getattr(profile, "iteration_costs", None)
+        if ic is None:
+            raise ValueError(f"profile {profile.name!r} has no iteration_costs")
+        return IterationCostModel(ic, name="iteration-costs (forward)")
     if kind == "profile":
+        sim = getattr(profile, "sim", None) or {}
+        if sim.get("iteration_costs"):
+            try:
+                ic = msgspec.convert(sim["iteration_costs"], IterationCosts)
+            except msgspec.ValidationError as e:
+                raise ValueError(f"profile {profile.name!r}: sim.iteration_costs: {e}") from None
+            return IterationCostModel(ic, name="iteration-costs (period)")
         return ProfileCostModel.from_profile(profile, layers=layers, prefill_attention=prefill_attention)
-    raise ValueError(f"cost model {kind!r}: must be 'profile' or 'linear'")
+    raise ValueError(f"cost model {kind!r}: must be 'profile', 'iteration' or 'linear'")
 
 
 def describe(cm: CostModel) -> dict:
     """A JSON-able summary for results (what was assumed)."""
+    if isinstance(cm, IterationCostModel):
+        return {"name": cm.name, "iteration_costs": msgspec.to_builtins(cm.costs)}
     if isinstance(cm, ProfileCostModel):
         f = cm.interference
         return {"name": cm.name, "layers": cm.layers, "attention_table": bool(cm.decode_attention_ms),

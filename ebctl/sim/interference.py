@@ -35,7 +35,7 @@ CONCURRENCY = 2048
 REQUESTS = 6000
 SEED = 0
 
-# fingerprint → (knots, values); regenerate with `python -m ebctl.sim.calibrate`
+# fingerprint → (knots, values); regenerate with `python -m ebctl.sim.interference`
 CALIBRATED: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     # qwen3-8b/h200: -2.0%, +0.1%, -0.0%
     "c4c1d34419aecc07": (

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ebctl import profiles
-from ebctl.sim import calibrate, costs, hardware, policies, runner, workloads
+from ebctl.sim import costs, hardware, policies, runner, workloads
+from ebctl.sim import interference as calibrate
 from ebctl.sim.costs import Batch
 from ebctl.sim.engine import EngineConfig
 
