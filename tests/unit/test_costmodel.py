@@ -74,6 +74,8 @@ def test_judge_ignores_unusable_iterations_and_says_when_none_are_left():
     assert q.n_test == 2 and q.median_rel_err == 0.0
     q = judge(np.array([1.0]), np.array([math.nan]), 1.0)
     assert not q.ok and q.n_test == 0 and q.reason == "no held-out iterations"
+    q = judge(np.array([1.0]), np.array([1.0]), math.nan)  # a perfect prediction, but no mean to beat
+    assert not q.ok and q.median_rel_err == 0.0 and "no mean" in q.reason
 
 
 # ---- fit_phase ----------------------------------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""Calibrate on the real SGLang CPU server, then check the profile on a later run of another workload.
+
+    python tools/calibrate_real.py [--quick] [--duration 300] [--out PROFILE.json] [--json RESULT.json]
+                                   [--venv VENV] [--workdir DIR]
+
+1. **Calibrate under ``ebctl start``.** ``ebctl start --engine sglang`` runs the daemon and the tiny model
+   (tools/sglang_cpu/; one pinned torch thread, SGLANG_CPU_OMP_THREADS_BIND=0) with the daemon's defaults;
+   sglang's own client (``sglang.benchmark.serving``, random-ids) loads it for ``--duration`` seconds
+   (workload A). Then ``ebctl tune calibrate --out PROFILE`` writes the profile, and ``ebctl status --json``
+   must say the online fits are in use (``costs.source == "online"``).
+2. **A later run, another workload.** A fresh daemon seeded with the profile (``daemon.profile``), the same
+   server flags, and a tap between the plugin and the daemon that records every iteration report
+   (tests/sglang/harness.py's ``Tap``: ``ebctl start`` wires the engine straight to its daemon, so the tap
+   needs the pieces started one by one). Workload B (other input/output lengths and concurrency) runs for
+   half the duration.
+3. **The check.** Per batch kind, the profile's ``iteration_costs`` predict workload B's iterations (features
+   and ``switched`` computed as the daemon does, ``costfit.OnlineCosts``); ``costmodel.judge`` gives the
+   median relative error against predicting the mean of the calibration run (the profile's ``fit.<kind>.
+   mean_s``: the same test every cost fit passes). Workload B's own mean is printed beside it, for scale.
+
+Exit 0 when the profile was written, status showed the online fits in use, and prefill and decode pass the
+check on workload B. ``--quick``: 75 s of calibration, 40 s of workload B (the tests' variant).
+The full run (``--duration 300``, the default) takes about 10 minutes with the two server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: daemon, tap, server, client
+sys.path.insert(0, str(REPO))
+
+from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, engine_config, free_port, post_json, server_env  # noqa: E402
+
+from ebctl import profiles  # noqa: E402
+from ebctl.costfit import KINDS, OnlineCosts  # noqa: E402
+from ebctl.costmodel import judge  # noqa: E402
+
+SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+               "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
+               "--chunked-prefill-size", "256", "--sleep-on-idle"]
+# Workload A (calibration) and B (the later run): other lengths, other concurrency. Inputs of B pass the
+# chunk size (256), so B also has prefill iterations that A never had.
+WORKLOAD_A = {"input_len": 160, "output_len": 64, "range_ratio": 0.15, "concurrency": 24, "num_prompts": 96}
+WORKLOAD_B = {"input_len": 420, "output_len": 24, "range_ratio": 0.4, "concurrency": 6, "num_prompts": 48}
+
+
+def sglang_venv(arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    p = subprocess.run(["bash", str(REPO / "tools" / "sglang_env.sh")], capture_output=True, text=True, check=True)
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_installed(venv: Path) -> None:
+    """This checkout, editable, in the sglang environment (``ebctl start`` runs there)."""
+    code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/")
+    if p.returncode != 0 or not all(x.startswith(str(REPO)) for x in p.stdout.split()):
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                        str(REPO)], check=True)
+
+
+def load_for(venv: Path, url: str, work: Path, seconds: float, wl: dict[str, Any], tag: str) -> dict[str, float]:
+    """Rounds of sglang's client with workload ``wl`` until ``seconds`` have passed; totals."""
+    t0, rounds, done, out_tok = time.monotonic(), 0, 0, 0
+    while time.monotonic() - t0 < seconds:
+        res = bench(venv, url, work / f"{tag}.{rounds}.json", seed=1000 * len(tag) + rounds, timeout=600, **wl)
+        rounds, done, out_tok = rounds + 1, done + res["completed"], out_tok + res["total_output_tokens"]
+    return {"rounds": rounds, "completed": done, "output_tokens": out_tok, "seconds": time.monotonic() - t0}
+
+
+def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt), *args],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def calibrate(venv: Path, model: Path, work: Path, seconds: float, out: Path) -> dict[str, Any]:
+    """Step 1: ``ebctl start`` + workload A, then ``tune calibrate`` and ``status``."""
+    rt, port = work / "rt", free_port()
+    env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+    env.update(ONE_TORCH_CORE)
+    cmd = [str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt), "start", "--engine", "sglang",
+           "--", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
+    log = open(work / "start.log", "wb")  # noqa: SIM115 -- closed in finally
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ebctl start exited with {proc.returncode}:\n"
+                                   f"{(work / 'start.log').read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+                          timeout=10)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("sglang under ebctl start did not serve within 300 s")
+            time.sleep(1.0)
+        print(f"[calibrate] serving at {url}; workload A for {seconds:.0f} s: {WORKLOAD_A}", flush=True)
+        load = load_for(venv, url, work, seconds, WORKLOAD_A, "a")
+        cal = ebctl(venv, rt, "tune", "calibrate", "--out", str(out))
+        st = ebctl(venv, rt, "status", "--json")
+        status = json.loads(st.stdout) if st.returncode == 0 else {}
+        eng = (status.get("engines") or {}).get("dp0", {})
+        return {"load": load, "calibrate_rc": cal.returncode, "calibrate_stderr": cal.stderr.strip()[-2000:],
+                "status_rc": st.returncode, "cost_source": (eng.get("costs") or {}).get("source"),
+                "cost_reason": eng.get("cost_reason"), "cost_fits": eng.get("cost_fits"),
+                "reports": eng.get("reports")}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C does: ebctl start stops both
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def later_run(venv: Path, model: Path, work: Path, seconds: float, prof_path: Path) -> list:
+    """Step 2: a fresh daemon seeded with the profile, a tap, the same server; workload B; the reports."""
+    daemon = tap = server = None
+    try:
+        daemon = Daemon(work, {"daemon.profile": str(prof_path)})
+        tap = Tap(work, daemon.cfg.endpoint("telemetry"))
+        server = Server(venv, model, work, SERVER_ARGS, ebctl_config=engine_config(work, daemon, tap))
+        print(f"[later run] workload B for {seconds:.0f} s: {WORKLOAD_B}", flush=True)
+        load_for(venv, server.url, work, seconds, WORKLOAD_B, "b")
+        time.sleep(1.0)  # the last reports
+        return list(tap.reports)
+    finally:
+        for part, how in ((server, "close"), (tap, "close"), (daemon, "stop")):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    getattr(part, how)()
+
+
+def check(prof: profiles.Profile, reports: list) -> dict[str, Any]:
+    """Step 3: per kind, the profile's prediction of the later run against the calibration run's mean."""
+    oc = OnlineCosts(capacity=10**6)  # rows (switched included) exactly as the daemon files them
+    for r in reports:
+        oc.observe(r)
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        x, y = oc.windows[kind].rows()
+        fit = prof.fit.get(kind.value) or {}
+        if not len(y) or prof.iteration_costs is None or prof.iteration_costs.phase(kind) is None:
+            out[kind.value] = {"n": len(y), "predicted": False}
+            continue
+        pred = prof.iteration_costs.predict_rows(kind, x)
+        q = judge(pred, y, fit.get("mean_s") or float("nan"))
+        own_mean = float(np.median(np.abs(y.mean() - y) / y))
+        out[kind.value] = {"n": len(y), "predicted": True, "ok": q.ok, "median_rel_err": q.median_rel_err,
+                           "calibration_mean_rel_err": q.mean_rel_err, "own_mean_rel_err": own_mean,
+                           "reason": q.reason, "median_s": float(np.median(y)),
+                           "median_predicted_s": float(np.median(pred))}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="75 s of calibration and 40 s of workload B")
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of calibration load (B: half)")
+    ap.add_argument("--out", type=Path, default=None, help="the profile (default: in the work directory)")
+    ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--venv", default=None, help="the sglang CPU environment (default: tools/sglang_env.sh)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
+    a = ap.parse_args(argv)
+    seconds_a, seconds_b = (75.0, 40.0) if a.quick else (a.duration, a.duration / 2)
+    venv = sglang_venv(a.venv)
+    ensure_installed(venv)
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="ebcal-"))  # short: unix socket paths ≤ 107 bytes
+    work.mkdir(parents=True, exist_ok=True)
+    out = a.out or work / "profile.json"
+    model = work / "model"
+    subprocess.run([str(venv / "bin" / "python"), str(REPO / "tools" / "sglang_cpu" / "make_tiny_model.py"),
+                    str(model)], check=True, capture_output=True)
+    t0 = time.monotonic()
+    result: dict[str, Any] = {"workdir": str(work), "profile": str(out), "workload_a": WORKLOAD_A,
+                              "workload_b": WORKLOAD_B, "seconds_a": seconds_a, "seconds_b": seconds_b}
+    (work / "a").mkdir(exist_ok=True)
+    result["calibration"] = cal = calibrate(venv, model, work / "a", seconds_a, out)
+    ok = cal["calibrate_rc"] == 0 and out.is_file()
+    print(f"[calibrate] {cal['load']['completed']} requests in {cal['load']['seconds']:.0f} s, "
+          f"{cal['reports']} reports; tune calibrate rc={cal['calibrate_rc']} {cal['calibrate_stderr']}")
+    print(f"[calibrate] status: costs from {cal['cost_source']!r}: {cal['cost_reason']}")
+    in_use = cal["cost_source"] == "online"
+    if ok:
+        prof = profiles.load(str(out))
+        result["round_trip"] = prof.to_dict() == json.loads(out.read_text())
+        (work / "b").mkdir(exist_ok=True)
+        reports = later_run(venv, model, work / "b", seconds_b, out)
+        result["later_reports"] = len(reports)
+        result["check"] = chk = check(prof, reports)
+        print(f"\nprofile {out}: prediction of workload B ({len(reports)} reports), per kind")
+        print(f"{'kind':8} {'n':>6} {'median s':>10} {'predicted':>10} {'rel. error':>10} "
+              f"{'mean of A':>10} {'mean of B':>10}  verdict")
+        for kind, c in chk.items():
+            if not c["predicted"]:
+                print(f"{kind:8} {c['n']:>6}  (no {'iterations' if not c['n'] else 'fit in the profile'})")
+                continue
+            print(f"{kind:8} {c['n']:>6} {c['median_s']:>10.2e} {c['median_predicted_s']:>10.2e} "
+                  f"{c['median_rel_err']:>10.1%} {c['calibration_mean_rel_err']:>10.1%} "
+                  f"{c['own_mean_rel_err']:>10.1%}  {'pass' if c['ok'] else 'FAIL'}: {c['reason']}")
+        passed = all(chk.get(k, {}).get("ok") for k in ("prefill", "decode"))
+    else:
+        passed = False
+    result["ok"] = ok and in_use and passed and result.get("round_trip", False)
+    result["wall_s"] = time.monotonic() - t0
+    print(f"\nprofile written: {ok}; online fits in use: {in_use}; round trip: {result.get('round_trip')}; "
+          f"prefill and decode predicted within the test on workload B: {passed}  ({result['wall_s']:.0f} s)")
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
