@@ -10,7 +10,15 @@ until the slots are full, the queue is empty or KV falls below the reserve; then
 Anti-starvation: once the gate has held waiting requests back for ``max_defer_s`` while a slot was free
 for them, it forces a refill, so EB's deferral is bounded. The clock counts only the gate's own deferral,
 not queueing for a full batch: under saturation every request queues, and counting that would force a
-refill every step and turn EB(k) into k = 1.
+refill every step and turn EB(k) into k = 1. It is a safety net, not the rule: the controller sets it to a
+multiple of its own expected time to free k slots (``controller.py``), so the threshold k decides.
+
+A prefill split over several steps (chunked prefill) must go on once started: while a chunk is in flight
+and the gate would hold, it answers CHUNK_IN_FLIGHT: the chunk continues alone (``allow_prefill`` with
+``admit_max`` 0: no new request joins it below k).
+
+``PhaseGate`` also counts its decisions by reason (``counts``), so an engine can report why each refill
+happened: THRESHOLD, STARVATION and IDLE are the decode → refill switches.
 """
 
 from __future__ import annotations
@@ -35,8 +43,13 @@ class Reason(enum.StrEnum):
     KV_RESERVE = "kv_reserve"  # Eq. 23 gate: not enough free KV to refill
     FULL = "full"  # refill ended: slots full
     QUEUE_EMPTY = "queue_empty"  # refill ended (or nothing to admit)
+    CHUNK_IN_FLIGHT = "chunk_in_flight"  # would hold, but a chunked prefill must go on: it continues alone
     MIXED = "mixed"  # mb mode
     STOCK = "stock"  # off / no policy: engine's own behaviour
+
+
+# The reasons that switch DECODE → REFILL: why a refill happened.
+REFILL_REASONS = (Reason.THRESHOLD, Reason.STARVATION, Reason.IDLE)
 
 
 class GateDecision(NamedTuple):
@@ -68,14 +81,24 @@ def gate_step(
     waiting: int,
     kv_free_frac: float,
     deferred_s: float,
+    chunk_in_flight: bool = False,
 ) -> GateDecision:
     """One transition of the phase machine. ``policy`` None (none yet, or expired) means stock.
-    ``deferred_s``: how long the gate has been refusing waiting requests while a slot was free."""
+    ``deferred_s``: how long the gate has been refusing waiting requests while a slot was free;
+    ``chunk_in_flight``: a prompt's prefill is split over steps and not finished (sglang's ``chunked_req``)."""
     if policy is None or policy.mode is Mode.OFF:
         return _STOCK
+    d = _eb_step(phase, policy, running, waiting, kv_free_frac, deferred_s) if policy.mode is Mode.EB else \
+        GateDecision(Phase.REFILL, policy.n_max > running, max(policy.n_max - running, 0), True, Reason.MIXED)
+    if chunk_in_flight and not d.allow_prefill:  # the chunk goes on, alone: in its phase, admitting nobody
+        return d._replace(allow_prefill=True, admit_max=0, reason=Reason.CHUNK_IN_FLIGHT)
+    return d
+
+
+def _eb_step(phase: Phase, policy: Policy, running: int, waiting: int, kv_free_frac: float,
+             deferred_s: float) -> GateDecision:
+    """EB mode's transition (paper §3.1, the Eq. 23 KV gate, the anti-starvation bound)."""
     free = policy.n_max - running
-    if policy.mode is Mode.MB:
-        return GateDecision(Phase.REFILL, free > 0, max(free, 0), True, Reason.MIXED)
     if waiting <= 0:
         return _QUEUE_EMPTY
     if running <= 0:
@@ -98,26 +121,30 @@ def gate_step(
 
 
 class PhaseGate:
-    """Holds the phase and the deferral clock between iterations; the rest is :func:`gate_step`."""
+    """Holds the phase, the deferral clock and the decision counts between iterations; the rest is
+    :func:`gate_step`. ``counts[reason]``: decisions taken for that reason since the gate was made."""
 
-    __slots__ = ("defer_since", "last", "phase")
+    __slots__ = ("counts", "defer_since", "last", "phase")
 
     def __init__(self) -> None:
         self.phase = Phase.DECODE
         self.last: GateDecision = _STOCK
         self.defer_since: float | None = None  # when the gate began refusing a request it had a slot for
+        self.counts: dict[Reason, int] = dict.fromkeys(Reason, 0)
 
     def decide(self, policy: Policy | None, *, running: int, waiting: int, kv_free_frac: float,
-               now: float) -> GateDecision:
+               now: float, chunk_in_flight: bool = False) -> GateDecision:
         since = self.defer_since
         d = gate_step(self.phase, policy, running=running, waiting=waiting, kv_free_frac=kv_free_frac,
-                      deferred_s=0.0 if since is None else now - since)
-        if d.allow_prefill or waiting <= 0 or (policy is not None and running >= policy.n_max):
+                      deferred_s=0.0 if since is None else now - since, chunk_in_flight=chunk_in_flight)
+        admits = d.allow_prefill and d.admit_max != 0  # a chunk going on alone admits nobody: still held
+        if admits or waiting <= 0 or (policy is not None and running >= policy.n_max):
             self.defer_since = None
         elif since is None:
             self.defer_since = now
         self.phase = d.phase
         self.last = d
+        self.counts[d.reason] += 1
         return d
 
     def rest(self) -> None:
@@ -128,3 +155,4 @@ class PhaseGate:
         self.phase = Phase.DECODE
         self.defer_since = None
         self.last = _QUEUE_EMPTY
+        self.counts[Reason.QUEUE_EMPTY] += 1

@@ -139,3 +139,35 @@ def test_rest_is_decide_with_an_empty_queue(phase, since, policy):
         d = a.decide(policy, running=running, waiting=0, kv_free_frac=kv, now=now)
         b.rest()
         assert (b.phase, b.defer_since, b.last) == (a.phase, a.defer_since, a.last) == (Phase.DECODE, None, d)
+
+
+def test_a_chunk_in_flight_goes_on_alone_while_the_gate_holds():
+    """sglang's chunked prefill must continue once started; below k it continues admitting nobody."""
+    d = gate_step(Phase.DECODE, EB, running=5, waiting=10, kv_free_frac=1.0, deferred_s=0.0, chunk_in_flight=True)
+    assert (d.phase, d.allow_prefill, d.admit_max, d.reason) == (Phase.DECODE, True, 0, Reason.CHUNK_IN_FLIGHT)
+    # When the gate would admit anyway, the chunk changes nothing: new requests may join it.
+    d = gate_step(Phase.DECODE, EB, running=4, waiting=10, kv_free_frac=1.0, deferred_s=0.0, chunk_in_flight=True)
+    assert (d.allow_prefill, d.admit_max, d.reason) == (True, 4, Reason.THRESHOLD)
+    # Stock: untouched.
+    assert gate_step(Phase.DECODE, None, running=5, waiting=10, kv_free_frac=1.0, deferred_s=0.0,
+                     chunk_in_flight=True).reason is Reason.STOCK
+
+
+def test_the_deferral_clock_keeps_running_while_a_chunk_goes_on_alone():
+    g = PhaseGate()
+    pol = Policy(mode=Mode.EB, k=4, n_max=8, max_defer_s=5.0)
+    g.decide(pol, running=5, waiting=3, kv_free_frac=1.0, now=100.0)  # held: the clock starts at 100
+    d = g.decide(pol, running=5, waiting=3, kv_free_frac=1.0, now=103.0, chunk_in_flight=True)
+    assert d.reason is Reason.CHUNK_IN_FLIGHT and g.defer_since == 100.0  # nobody was admitted
+    d = g.decide(pol, running=5, waiting=3, kv_free_frac=1.0, now=105.0)
+    assert d.reason is Reason.STARVATION  # 5 s after the hold began, not after the chunk
+
+
+def test_decisions_are_counted_by_reason():
+    g = PhaseGate()
+    pol = Policy(mode=Mode.EB, k=4, n_max=8, max_defer_s=1e9)
+    for running in (5, 5, 4, 6, 8):  # wait_k, wait_k, threshold, filling, full
+        g.decide(pol, running=running, waiting=9, kv_free_frac=1.0, now=0.0)
+    g.rest()
+    expected = {Reason.WAIT_K: 2, Reason.THRESHOLD: 1, Reason.FILLING: 1, Reason.FULL: 1, Reason.QUEUE_EMPTY: 1}
+    assert {r: n for r, n in g.counts.items() if n} == expected
