@@ -95,6 +95,7 @@ class EngineLink:
                                        curve_server_public=curve_server_public, insecure=insecure)
                  for ep in (telemetry_endpoint, policy_endpoint)]
         self.engine_id = engine_id
+        self.instance = os.urandom(4).hex()  # this process's reports: the daemon refuses a second one on this id
         self.telemetry_endpoint, self.policy_endpoint = telemetry_endpoint, policy_endpoint
         self._own_ctx = context is None
         self._ctx = _background_context() if context is None else context
@@ -191,7 +192,9 @@ class EngineLink:
                     item = out[0]
                     try:
                         if type(item) is tuple:
-                            item = out[0] = report_from_row(self.engine_id, item)
+                            item = out[0] = report_from_row(self.engine_id, item, self.instance)
+                        elif not item.instance:
+                            item = out[0] = msgspec.structs.replace(item, instance=self.instance)
                         frame = encode(item)
                     except Exception as e:  # an engine bug (bad row, unencodable field): drop it, never wedge
                         out.popleft()

@@ -53,6 +53,7 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
 
     v: int = PROTOCOL_VERSION
     engine_id: str
+    instance: str = ""  # the reporting process (a random token per link): two processes, one id → refused
     seq: int
     wall_time: float  # engine's wall clock, seconds since the epoch
     forward_s: float  # duration of the forward pass (or the iteration, if that is all it knows)
@@ -67,21 +68,24 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
     kv_total: int = 0
     max_running: int = 0  # the engine's own cap on running requests (0: unknown)
     policy_version: int = -1  # -1: no policy applied (stock behaviour)
-    mixed_unavailable: bool = False  # the engine cannot mix (no chunked prefill): mb falls back to eb
+    mixed_unavailable: bool = False  # the engine cannot mix (mb falls back to eb): why, in the next field
+    mixed_unavailable_reason: str = ""
+    group_size: int = 1  # scheduler ranks that apply this engine's policy together (attention TP × CP × PP)
+    gate_reasons: dict[str, int] = {}  # the phase gate's decisions by reason, counted since the engine started
     finished: tuple[FinishedRequest, ...] = ()
 
 
-# IterationReport's fields after ``v`` and ``engine_id``, in order: an engine may queue a plain tuple of
-# these (``EngineLink.report_row``) and leave building the struct to the link's I/O thread, off the
+# IterationReport's fields after ``v``, ``engine_id`` and ``instance``, in order: an engine may queue a plain
+# tuple of these (``EngineLink.report_row``) and leave building the struct to the link's I/O thread, off the
 # scheduler's critical path (a 15-keyword struct costs ~1 µs there; a tuple, ~0.1 µs).
-REPORT_ROW = tuple(IterationReport.__struct_fields__[2:])
+REPORT_ROW = tuple(IterationReport.__struct_fields__[3:])
 
 
-def report_from_row(engine_id: str, row: tuple) -> IterationReport:
+def report_from_row(engine_id: str, row: tuple, instance: str = "") -> IterationReport:
     """The report of a tuple in :data:`REPORT_ROW` order (all fields; ``TypeError`` on a wrong length)."""
     if len(row) != len(REPORT_ROW):
         raise TypeError(f"report row has {len(row)} fields, expected {len(REPORT_ROW)}: {REPORT_ROW}")
-    return IterationReport(engine_id=engine_id, **dict(zip(REPORT_ROW, row, strict=True)))
+    return IterationReport(engine_id=engine_id, instance=instance, **dict(zip(REPORT_ROW, row, strict=True)))
 
 
 class Estimates(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,6 +175,10 @@ def _validate_report(r: IterationReport) -> None:
         raise ProtocolError("wall_time must be finite")
     if not r.engine_id or len(r.engine_id) > 128:
         raise ProtocolError("engine_id must be 1..128 characters")
+    if r.group_size < 1:
+        raise ProtocolError(f"group_size={r.group_size}: must be >= 1")
+    if len(r.gate_reasons) > 64 or any(n < 0 for n in r.gate_reasons.values()):
+        raise ProtocolError("gate_reasons: at most 64 reasons, each count >= 0")
     for f in r.finished:
         if f.input_len < 0 or f.output_len < 0:
             raise ProtocolError(f"finished request with negative length ({f.input_len}, {f.output_len})")
