@@ -95,11 +95,20 @@ class EngineConfig:
     """What the SGLang plugin (sglang_patch) reads at start-up in each scheduler process."""
 
     force_version: bool = False  # run the plugin on an sglang version it was not tested with
+    id_prefix: str = ""  # engine ids are "<id_prefix>/dp<rank>"; "" → daemon.node, else "dp<rank>"
+    mixed_without_flag: bool = False  # mb may mix on a server started without --enable-mixed-chunk
+    trace_dir: str = ""  # each scheduler rank appends its gate decisions to a file here; "" → off
     fault: str = ""  # test switch: "HOOK:N" raises inside that hook's ebctl work at its N-th call
 
 
 _ENGINE_SPECS: dict[str, Spec] = {
     "force_version": Spec(bool, "run the SGLang plugin on an sglang version it was not tested with"),
+    "id_prefix": Spec(str, "engine ids are '<id_prefix>/dp<rank>'; empty: daemon.node, else 'dp<rank>' (the "
+                           "daemon refuses a second process reporting under an id in use)"),
+    "mixed_without_flag": Spec(bool, "let mb mix on a server started without --enable-mixed-chunk, where "
+                                     "nothing rules mixing out (speculative decoding, prefill CUDA graphs, ...)"),
+    "trace_dir": Spec(str, "diagnosis and tests: each scheduler rank appends its gate decisions (one JSON line "
+                           "each) to trace.dp<D>.r<R>.jsonl here; empty: off"),
     "fault": Spec(str, "tests only: 'HOOK:N' makes the plugin raise in that hook at its N-th call; empty: never"),
 }
 
@@ -129,7 +138,10 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "n_obs_alpha": Spec(float, "EMA weight of the running batch size N_obs", 1e-6, 1.0),
     "kv_s": Spec(float, "Eq. 23 safety multiplier s_KV", 0.0, 100.0),
     "kv_f0": Spec(float, "Eq. 23 base reserve f0", 0.0, 0.6),
-    "max_defer_s": Spec(float, "a waiting request forces a refill after this long (s)", 0.0, 86_400),
+    "max_defer_s": Spec(float, "a request held back this long (s) forces a refill; 0: auto, defer_factor × "
+                               "the expected time to free k slots", 0.0, 86_400),
+    "defer_factor": Spec(float, "auto anti-starvation clock: this many times the controller's expected time "
+                                "to free k slots", 1.0, 1000.0),
     "ttl_s": Spec(float, "policy lifetime at the engine (s); then stock behaviour", 0.1, 86_400),
     "cost_online": Spec(bool, "fit the iteration costs from the reports; their α/β replace the profile's once "
                         "the fits pass"),

@@ -5,24 +5,29 @@
 candidate request while sglang forms a prefill) is left out: timing it would cost more than it does.
 tools/bench_hook.py's replay times every hook whole.
 
-All hooks are AROUND hooks on ``Scheduler`` methods (tools/sglang_cpu/HOOKS.md says why each one). A hook
-calls the original exactly once, with the arguments it was given, and asks ``STATE`` (one
-:class:`~sglang_patch.state.PluginState` per process) for the ebctl part. sglang catches nothing a hook
-raises (the scheduler, and with it the server, would die), so every ebctl part runs under ``try``: any
-exception switches the plugin off in this process (logged once, stock settings restored) and the hook
-returns what the original returned.
+All hooks are AROUND hooks on ``Scheduler`` methods, and one on sglang's request receiver
+(tools/sglang_cpu/HOOKS.md says why each one; ``group.py`` why the two on the request path). A hook calls
+the original exactly once, with the arguments it was given (the request path: less ebctl's own envelope),
+and asks ``STATE`` (one :class:`~sglang_patch.state.PluginState` per process) for the ebctl part. sglang
+catches nothing a hook raises (the scheduler, and with it the server, would die), so every ebctl part runs
+under ``try``: any exception switches the plugin off in this process (logged once, stock settings
+restored) and the hook returns what the original returned.
 """
 
 from __future__ import annotations
 
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import Final
 
+from sglang_patch import group
 from sglang_patch.state import PluginState
 
 SCHEDULER: Final = "sglang.srt.managers.scheduler.Scheduler"
+RECEIVER: Final = "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver"
 
 HOOK_TARGETS: Final[dict[str, str]] = {
+    "broadcast": f"{RECEIVER}._broadcast_reqs_across_ranks",  # the group's source adds the policy envelope
+    "input": f"{SCHEDULER}.process_input_requests",  # every rank of a group takes the envelope out, applies it
     "next_batch": f"{SCHEDULER}.get_next_batch_to_run",  # note the planned step; read + apply the policy
     "defer_prefill": f"{SCHEDULER}._should_defer_prefill",  # the gate: may a prefill form now?
     "allocatable": f"{SCHEDULER}.get_num_allocatable_reqs",  # admission cap: n_max running
@@ -35,6 +40,33 @@ HOOK_TARGETS: Final[dict[str, str]] = {
 STATE = PluginState()
 
 
+def broadcast(original, receiver, recv_reqs, local_reqs=None, *args, **kwargs):
+    st = STATE
+    if st.group > 1 and st.reporting and (st.on or st.farewell):
+        now = monotonic()
+        try:
+            env = st.envelope(now)
+        except Exception:
+            st.fail("broadcast")
+            env = st.envelope(now)  # the farewell: the whole group goes stock with this rank, this iteration
+        if env is not None:
+            local_reqs = [*(local_reqs or ()), env]  # local_reqs ride the broadcast from the source rank
+    return original(receiver, recv_reqs, local_reqs, *args, **kwargs)
+
+
+def process_input(original, sched, recv_reqs, *args, **kwargs):
+    st = STATE
+    if recv_reqs and st.group > 1:  # a group of one never sees an envelope
+        try:
+            recv_reqs, env = group.split(recv_reqs)
+            if env is not None and st.on:
+                st.receive(sched, env)
+        except Exception:
+            recv_reqs = [r for r in recv_reqs if not group.is_envelope(r)]
+            st.fail("process_input", None, sched)
+    return original(sched, recv_reqs, *args, **kwargs)
+
+
 def next_batch(original, sched, *args, **kwargs):
     plan = original(sched, *args, **kwargs)
     st = STATE
@@ -43,7 +75,7 @@ def next_batch(original, sched, *args, **kwargs):
         try:
             st.end_step(sched, plan)
         except Exception:
-            st.fail("next_batch", sched, getattr(plan, "running_batch", None))
+            st.fail("next_batch", getattr(plan, "running_batch", None), sched)
         st.ns += perf_counter_ns() - t
     return plan
 
@@ -52,12 +84,14 @@ def defer_prefill(original, sched, running_batch, *args, **kwargs):
     stock = original(sched, running_batch, *args, **kwargs)
     st = STATE
     if stock or st.gate_policy is None:  # stock defers (--prefill-decode-interval), or no policy: stock
+        if st.trace is not None and st.on:
+            st.trace_decision("stock", len(running_batch.reqs), len(sched.waiting_queue))
         return stock
     t = perf_counter_ns()
     try:
         stock = st.defer(sched, running_batch)
     except Exception:
-        st.fail("defer_prefill", sched)
+        st.fail("defer_prefill", running_batch, sched)
     st.ns += perf_counter_ns() - t
     return stock
 
@@ -70,7 +104,7 @@ def allocatable(original, sched, running_bs, *args, **kwargs):
     try:
         return st.allocatable(running_bs, n)
     except Exception:
-        st.fail("allocatable", sched)
+        st.fail("allocatable", kwargs.get("running_batch"), sched)
     return n
 
 
@@ -84,7 +118,7 @@ def run_batch(original, sched, batch, *args, **kwargs):
     try:
         st.ran(batch, (t1 - t) * 1e-9)
     except Exception:
-        st.fail("run_batch", sched)
+        st.fail("run_batch", None, sched)
     st.ns += perf_counter_ns() - t1
     return result
 
@@ -96,7 +130,7 @@ def batch_result(original, sched, batch, result, *args, **kwargs):
         try:
             st.before_result(result)
         except Exception:
-            st.fail("batch_result", sched)
+            st.fail("batch_result", None, sched)
         st.ns += perf_counter_ns() - t
     out = original(sched, batch, result, *args, **kwargs)
     if st.on:
@@ -104,7 +138,7 @@ def batch_result(original, sched, batch, result, *args, **kwargs):
         try:
             st.after_result(sched, batch)
         except Exception:
-            st.fail("batch_result", sched)
+            st.fail("batch_result", None, sched)
         st.ns += perf_counter_ns() - t
     return out
 
@@ -116,7 +150,7 @@ def abort_output(original, sched, abort_req, req, *args, **kwargs):
         try:
             st.aborted(req)
         except Exception:
-            st.fail("abort_output", sched)
+            st.fail("abort_output", None, sched)
     return out
 
 
@@ -125,13 +159,13 @@ def internal_state(original, sched, *args, **kwargs):
     try:
         out.internal_state["ebctl"] = STATE.status(sched)
     except Exception:
-        STATE.fail("internal_state", sched)
+        STATE.fail("internal_state", None, sched)
     return out
 
 
-HOOKS: Final = {"next_batch": next_batch, "defer_prefill": defer_prefill, "allocatable": allocatable,
-                "run_batch": run_batch, "batch_result": batch_result, "abort_output": abort_output,
-                "internal_state": internal_state}
+HOOKS: Final = {"broadcast": broadcast, "input": process_input, "next_batch": next_batch,
+                "defer_prefill": defer_prefill, "allocatable": allocatable, "run_batch": run_batch,
+                "batch_result": batch_result, "abort_output": abort_output, "internal_state": internal_state}
 
 
 def install() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ebctl.protocol import BatchKind, FinishedRequest
 
@@ -100,16 +100,74 @@ def _reason_json(fr: Any) -> str:
         return "stop"
 
 
-def ranks() -> tuple[int, int, int]:
-    """(dp rank, attention-TP rank, width of the group that must take identical scheduling decisions).
+class Ranks(NamedTuple):
+    """Where this scheduler sits. ``dp``: the data-parallel rank the engine id carries (sglang's ``dp_rank``,
+    else the attention-DP rank, else 0); ``source``: this rank originates the group's requests (attention-TP
+    rank 0, attention-CP rank 0, PP stage 0: ``SchedulerRequestReceiver._pull_raw_reqs``,
+    scheduler_components/request_receiver.py:113-160); ``group``: the number of schedulers that must take
+    identical scheduling decisions (attention TP × attention CP × PP: they run one scheduler each over the
+    same requests and form the same batches); ``rank``: this scheduler's place (PP stage × TP size + TP rank),
+    for traces."""
 
-    The dp rank is sglang's ``dp_rank`` (None without a DP controller), else the attention-DP rank (DP
-    attention inside one TP group: each rank schedules its own requests), else 0. Attention-TP/CP and PP
-    ranks run one scheduler each over the same requests and must form identical batches.
-    """
+    dp: int
+    source: bool
+    group: int
+    rank: int = 0
+
+
+def ranks() -> Ranks:
+    """This scheduler's :class:`Ranks`, read from sglang's runtime context."""
     from sglang.srt.runtime_context import get_parallel
 
     p = get_parallel()
     dp = p.dp_rank if p.dp_rank is not None else (getattr(p, "attn_dp_rank", 0) or 0)
-    width = int(p.attn_tp_size or 1) * int(getattr(p, "attn_cp_size", 1) or 1) * int(p.pp_size or 1)
-    return int(dp), int(p.attn_tp_rank or 0), width
+    cp_size, cp_rank = int(getattr(p, "attn_cp_size", 1) or 1), int(getattr(p, "attn_cp_rank", 0) or 0)
+    group = int(p.attn_tp_size or 1) * cp_size * int(p.pp_size or 1)
+    source = int(p.attn_tp_rank or 0) == 0 and cp_rank == 0 and int(p.pp_rank or 0) == 0
+    rank = int(p.pp_rank or 0) * int(p.tp_size or 1) + int(p.tp_rank or 0)
+    return Ranks(int(dp), source, group, rank)
+
+
+def mixing_blockers(sched: Any) -> list[str]:
+    """What in this server's configuration rules out mixed batches even if ``is_mixed_chunk`` were set at
+    run time. sglang turns ``--enable-mixed-chunk`` off, or refuses it, for these (0.5.23):
+    speculative decoding (arg_groups/speculative_hook.py:596, 1002, 1108, 1307; validation_hook.py:231),
+    diffusion LLMs (dllm_hook.py:115), HiSparse (hisparse_hook.py:83), megamoe layernorm SP
+    (layernorm_sp_hook.py:46), the DSA/NSA attention backend (layers/attention/dsa_backend.py:688) and
+    prefill CUDA graphs (model_executor/runner/prefill_cuda_graph_runner.py:315, which need a padded graph
+    backend when mixing) — and mixing needs chunked prefill (scheduler.py:1376)."""
+    args = sched.server_args
+    out = []
+    if sched.chunked_prefill_size is None:
+        out.append("chunked prefill is off")
+    if getattr(args, "speculative_algorithm", None):
+        out.append(f"speculative decoding ({args.speculative_algorithm})")
+    if getattr(args, "dllm_algorithm", None):
+        out.append(f"diffusion LLM ({args.dllm_algorithm})")
+    if getattr(args, "enable_hisparse", False):
+        out.append("HiSparse")
+    if getattr(args, "enable_megamoe_for_layernorm_sp", False):
+        out.append("megamoe layernorm SP")
+    backends = {getattr(args, a, None) for a in ("attention_backend", "prefill_attention_backend")}
+    if backends & {"dsa", "nsa"}:
+        out.append("DSA attention backend")
+    runner = getattr(getattr(getattr(sched, "tp_worker", None), "model_runner", None), "prefill_cuda_graph_runner",
+                     None)
+    if runner is not None and type(runner).__name__ != "EagerRunner":
+        out.append("prefill CUDA graphs")
+    return out
+
+
+def mixed_unavailable_reason(sched: Any, *, allow_without_flag: bool) -> str:
+    """Why ``mb`` cannot mix on this server ("" when it can). Mixing is on only where sglang itself set
+    ``is_mixed_chunk`` at launch (scheduler.py:1376: ``--enable-mixed-chunk`` with chunked prefill, not turned
+    off by sglang for a configuration it cannot mix), or, with ``engine.mixed_without_flag``, where none of
+    :func:`mixing_blockers` applies."""
+    if sched.is_mixed_chunk:
+        return ""
+    blockers = mixing_blockers(sched)
+    if blockers:
+        return "cannot mix here: " + ", ".join(blockers)
+    if allow_without_flag:
+        return ""
+    return "server started without --enable-mixed-chunk (engine.mixed_without_flag = true allows mb anyway)"

@@ -1,16 +1,23 @@
 """The plugin's state in one SGLang scheduler process: the link, the gate, what is applied, counters.
 
 ``hooks.py`` calls one method of :class:`PluginState` per hook and nothing else; every method here may
-raise, and the hook then calls :meth:`PluginState.fail` (log once, restore stock settings, stay off).
-Nothing here blocks, logs or allocates per iteration beyond the report struct (DESIGN.md budgets).
+raise, and the hook then calls ``fail`` (``lifecycle.py``: log once, restore stock settings, stay off).
+Nothing here blocks, logs or allocates per iteration beyond the report row (DESIGN.md budgets).
 
-What is applied (DESIGN.md "Per-iteration contract", HOOKS.md sections 2-6):
+Where the policy comes from: a rank alone in its scheduling group reads the newest policy from its link
+after planning each step (``end_step``); in a group of several ranks (TP/CP/PP) the source rank reads it
+and every rank applies it from the envelope the source adds to sglang's request broadcast
+(``group.py``), at the same iteration.
+
+What is applied (DESIGN.md "Per-iteration contract", tools/sglang_cpu/HOOKS.md sections 2-6):
 - no policy, an expired one, ``off``, or a disabled plugin: ``is_mixed_chunk`` at its launch value, no
   cap, no deferral: sglang as launched;
 - ``eb``: ``is_mixed_chunk`` False; ``PhaseGate`` decides in ``_should_defer_prefill`` whether a prefill
-  may form (never deferred while nothing runs or a chunked prefill is in flight);
-- ``mb``: ``is_mixed_chunk`` True, or, when the server has no chunked prefill (it cannot mix), ``eb`` with
-  ``mixed_unavailable`` reported;
+  may form (never deferred while nothing runs); a chunked prefill in flight goes on alone while the gate
+  holds (``get_num_allocatable_reqs`` answers 0 for that step, so no waiting request joins it);
+- ``mb``: ``is_mixed_chunk`` True where sglang can mix (launched with ``--enable-mixed-chunk``, or the
+  ``engine.mixed_without_flag`` opt-in where nothing rules mixing out: ``reading.mixed_unavailable_reason``);
+  otherwise ``eb``, with ``mixed_unavailable`` and its reason reported;
 - both: running requests capped at ``n_max`` in ``get_num_allocatable_reqs`` (the stock budget already
   stops at the server's ``max_running_requests``). The gate's ``admit_max`` is ``n_max − running`` in
   every decision that allows a prefill, so capping occupancy at ``n_max`` is the same cap.
@@ -18,9 +25,7 @@ What is applied (DESIGN.md "Per-iteration contract", HOOKS.md sections 2-6):
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from array import array
 from itertools import compress
 from operator import attrgetter
@@ -32,22 +37,20 @@ import msgspec
 
 from ebctl.gate import PhaseGate
 from ebctl.protocol import BatchKind, FinishedRequest, Mode, Policy
-from sglang_patch import reading
+from sglang_patch import group, reading
+from sglang_patch.lifecycle import _TIMES, Lifecycle
 from sglang_patch.reading import batch_shape
-
-log = logging.getLogger("ebctl.sglang")
 
 _RING = 4  # steps between planning a batch and processing its result (overlap: 1) fit easily
 _FINISHED_OUTPUT = attrgetter("finished_output")  # True once sglang streamed the request's completion
 _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exactly once, whatever path
-_TIMES = 4096  # per-iteration hook costs kept for status (ns)
 # The link is asked for the newest policy at most this often (s): policies change on a scale of seconds
 # (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 20 ms late; on short iterations
 # (a few ms: CPU, small decode batches) this skips the check on most of them.
 POLICY_POLL_S = 0.02
 
 
-class PluginState:
+class PluginState(Lifecycle):
     """Per scheduler process. ``on`` False: disabled for good here (stock sglang from then on)."""
 
     def __init__(self) -> None:
@@ -55,16 +58,20 @@ class PluginState:
         self.ready = False  # start() ran (first get_next_batch_to_run)
         self.error = ""  # why the plugin is off, if it is
         self.engine_id = ""
+        self.sched: Any = None
         self.link: Any = None
-        self.control = False  # may change scheduling: the sole member of its scheduling group
-        self.reporting = False  # sends reports: attention-TP rank 0
+        self.reporting = False  # the group's source rank: talks to the daemon (reports, reads policies)
+        self.group = 1  # schedulers that must take identical decisions (attention TP × CP × PP)
         self.gate = PhaseGate()
-        self.policy: Policy | None = None  # what link.policy() returned last (compared by identity)
+        self.policy: Policy | None = None  # the policy applied (compared by identity)
         self.gate_policy: Policy | None = None  # policy handed to the gate (eb/mb); None: stock
         self.cap: int | None = None  # running requests at most this many; None: stock
+        self.hold_new = False  # this step: a chunk goes on alone, admit nobody (get_num_allocatable_reqs: 0)
+        self.held = False  # a chunk went on alone since the gate last admitted (batch_is_full may be ours)
         self.version = -1  # policy version applied (reported)
         self.launch_mixed: bool | None = None  # the server's is_mixed_chunk at launch
         self.mixed_unavailable = False
+        self.mixed_reason = ""  # why mb cannot mix here ("" when it can)
         self.max_running = 0
         self.kv_total = 0  # the server's KV capacity in tokens (max_total_num_tokens)
         self._kv_used: Any = None  # () -> KV tokens in use now (reading.kv_used_reader)
@@ -75,6 +82,13 @@ class PluginState:
         self.next_poll = 0.0  # monotonic time of the next policy poll
         self.t_result = 0.0  # monotonic time the last result was ready (GPU timing)
         self._t_prev = 0.0  # ... and the one before
+        # group: the source's generation of the policy it applied last (bumped on change), what it sent;
+        # every rank: the generation applied and the source's clock from the last envelope
+        self.gen = 0
+        self.sent_gen = -1
+        self.applied_gen = -1
+        self.group_now = 0.0
+        self.farewell = False  # the source switched off: one last "stock" envelope to send
         # Per planned step, slot forward_iter % _RING: [forward_iter, running, waiting, KV used (all three
         # when the step was planned), forward seconds (CPU), seq_lens_sum right after the forward, policy
         # version it was planned under]. One list per step: the hooks touch one object, not seven (their
@@ -82,98 +96,61 @@ class PluginState:
         self.ring: list[list] = [[-1, 0, 0, 0, math.nan, None, -1] for _ in range(_RING)]
         self.pending: list[FinishedRequest] = []  # completions not yet sent (ended outside a reported step)
         self.iterations = self.reports = self.defers = self.capped = self.mixed_steps = self.finished = 0
+        self.chunk_alone = 0  # steps where a chunked prefill went on alone while the gate held
         self.ns = 0  # hook work in the current iteration
         self.times = array("q", bytes(8 * _TIMES))
         self.n_times = 0
         self.fault_hook = ""
         self.fault_at = 0
         self.fault_calls = 0
+        self.trace: Any = None  # engine.trace_dir: a line-buffered file of this rank's gate decisions
 
-    # --- start and stop ---------------------------------------------------------------------------
-    def start(self, sched: Any) -> None:
-        """First iteration of this scheduler: read the config, open the link (no sglang setting changes)."""
-        from ebctl import config
-        from ebctl.link import EngineLink
-
-        self.ready = True
-        cfg = config.load(os.environ.get("EBCTL_CONFIG") or None)
-        self._parse_fault(cfg.engine.fault)
-        dp, attn_tp_rank, group = reading.ranks()
-        node = cfg.daemon.node
-        self.engine_id = f"{node}/dp{dp}" if node else f"dp{dp}"
-        self.reporting = attn_tp_rank == 0
-        self.control = group == 1
-        self.launch_mixed = bool(sched.is_mixed_chunk)
-        self.mixed_unavailable = sched.chunked_prefill_size is None
-        self.max_running = int(sched.max_running_requests)
-        self.kv_total = int(sched.max_total_num_tokens)
-        self._kv_used = reading.kv_used_reader(sched)
-        self.sync_forward = str(sched.device) == "cpu"
-        self.kinds = reading.batch_kinds()
-        if self.reporting:
-            self.link = EngineLink.from_config(cfg, self.engine_id)
-        if not self.control:
-            log.warning("ebctl: %d scheduler ranks share each scheduling decision here (attention TP/CP or "
-                        "PP > 1); the plugin only reports, it does not steer this engine", group)
-        log.info("ebctl: plugin active in this scheduler: engine %s, telemetry %s, policy %s", self.engine_id,
-                 cfg.endpoint("telemetry"), cfg.endpoint("policy"))
-
-    def fail(self, where: str, sched: Any, running_batch: Any = None) -> None:
-        """Called in an ``except`` block: log once with the traceback, restore stock settings, stay off.
-        ``running_batch``: the plan's running batch when the failure is inside get_next_batch_to_run (not
-        yet ``sched.running_batch``): admission is reopened on both."""
-        if not self.on:
-            return
-        self.on = False
-        self.error = f"exception in hook {where}"
-        log.exception("ebctl: exception in hook %s; the ebctl plugin is now OFF in this scheduler process "
-                      "(stock sglang from here on, the server keeps serving)", where)
-        capped, self.cap, self.gate_policy = self.cap is not None, None, None
-        try:
-            if self.launch_mixed is not None:
-                sched.is_mixed_chunk = self.launch_mixed
-            if capped:  # our cap may have closed admission: reopen it
-                sched.running_batch.batch_is_full = False
-                if running_batch is not None:
-                    running_batch.batch_is_full = False
-        except Exception:
-            log.exception("ebctl: could not restore sglang's settings")
-        try:
-            if self.link is not None:
-                self.link.close()
-        except Exception:
-            log.exception("ebctl: could not close the link")
-
-    def _parse_fault(self, spec: str) -> None:
-        if spec:
-            hook, _, n = spec.partition(":")
-            self.fault_hook, self.fault_at = hook.strip(), int(n or 1)
-            log.warning("ebctl: fault injection armed (engine.fault=%r): a hook will raise on purpose", spec)
-
-    def fault(self, hook: str) -> None:
-        """Raise at the configured call of ``hook`` (engine.fault, a test switch)."""
-        if hook == self.fault_hook:
-            self.fault_calls += 1
-            if self.fault_calls == self.fault_at:
-                raise RuntimeError(f"ebctl: injected fault in hook {hook} (engine.fault)")
-
-    # --- get_next_batch_to_run ----------------------------------------------------------------------
+    # --- where the policy comes from ------------------------------------------------------------------
     def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
-        """Read the newest policy (None once expired) and apply it if it changed."""
-        if self.control and self.link is not None:
+        """Alone in the group: read the newest policy (None once expired) and apply it if it changed."""
+        if self.link is not None:
             p = self.link.policy(now)
             if p is not self.policy:
                 self.apply(sched, p, sched.running_batch if running_batch is None else running_batch)
 
-    def apply(self, sched: Any, p: Policy | None, running_batch: Any) -> None:
-        """A new policy object (or none): set what it asks for; only here do the settings change.
+    def envelope(self, now: float) -> group.Envelope | None:
+        """The group's source, before sglang broadcasts this iteration's requests: what every rank must
+        apply (``group.py``). Reads the link at most every POLICY_POLL_S; the payload only on a change."""
+        if not self.on:
+            if not self.farewell:
+                return None
+            self.farewell = False
+            return group.envelope(self.gen + 1, now, group.STOCK)
+        if self.link is not None and now >= self.next_poll:
+            self.next_poll = now + POLICY_POLL_S
+            p = self.link.policy(now)
+            if p is not self.policy or self.sent_gen < 0:
+                self.policy = p
+                self.gen += 1
+        if self.gen != self.sent_gen:
+            self.sent_gen = self.gen
+            return group.envelope(self.gen, now, group.payload_of(self.policy))
+        return group.envelope(self.gen, now, None)
+
+    def receive(self, sched: Any, env: group.Envelope) -> None:
+        """Every rank of a group (the source too), before the iteration is planned: the source's clock,
+        and its policy when it changed."""
+        _, gen, now, payload = env
+        self.group_now = now
+        if payload is not None and gen != self.applied_gen:
+            self.applied_gen = gen
+            self.apply(sched, group.policy_of(payload), sched.running_batch, keep=self.reporting)
+
+    def apply(self, sched: Any, p: Policy | None, running_batch: Any, *, keep: bool = False) -> None:
+        """A new policy (or none): set what it asks for; only here do the settings change.
         ``running_batch``: the batch the next step starts from (the plan's, inside get_next_batch_to_run:
-        the event loop stores it in ``sched.running_batch`` only after the hook returns)."""
-        self.policy, old_cap = p, self.cap
-        self.mixed_unavailable = sched.chunked_prefill_size is None
+        the event loop stores it in ``sched.running_batch`` only after the hook returns). ``keep``: the
+        group's source keeps ``self.policy`` as read from the link (identity), applying its decoded copy."""
+        if not keep:
+            self.policy = p
+        old_cap = self.cap
         if p is None or p.mode is Mode.OFF:
-            self.gate_policy, self.cap = None, None
-            sched.is_mixed_chunk = self.launch_mixed
+            self.unapply(running_batch, sched)
         else:
             mb_fallback = p.mode is Mode.MB and self.mixed_unavailable
             self.gate_policy = msgspec.structs.replace(p, mode=Mode.EB) if mb_fallback else p
@@ -181,12 +158,14 @@ class PluginState:
             # The gate's ``mixed`` is a function of the mode alone (mb: True, eb: False), and nothing in
             # sglang 0.5.23 writes is_mixed_chunk after __init__: set once here, not on every step.
             sched.is_mixed_chunk = self.gate_policy.mode is Mode.MB
+            if old_cap is not None and self.cap > old_cap:
+                running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
         self.version = -1 if p is None else p.version
-        if old_cap is not None and (self.cap is None or self.cap > old_cap):
-            running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
 
+    # --- get_next_batch_to_run ----------------------------------------------------------------------
     def end_step(self, sched: Any, plan: Any) -> None:
-        """After sglang planned a step: keep what the report of its batch will need, then read the policy.
+        """After sglang planned a step: keep what the report of its batch will need, then (alone in the
+        group) read the policy.
 
         A new policy (or an expiry) is applied here, after the step was planned, so it governs the steps
         planned from the next one on: one hook call per iteration instead of two, for at most one step's
@@ -195,6 +174,7 @@ class PluginState:
             self.times[self.n_times % _TIMES] = self.ns
             self.n_times += 1
         self.ns = 0
+        self.hold_new = False
         if not self.ready:
             self.start(sched)
         if self.fault_hook:
@@ -222,14 +202,16 @@ class PluginState:
                 e[4] = math.nan
                 e[5] = None
                 e[6] = self.version
-        now = monotonic()
-        if now >= self.next_poll:
-            self.next_poll = now + POLICY_POLL_S
-            self.refresh(sched, now, plan.running_batch)
+        if self.group == 1:
+            now = monotonic()
+            if now >= self.next_poll:
+                self.next_poll = now + POLICY_POLL_S
+                self.refresh(sched, now, plan.running_batch)
 
     # --- _should_defer_prefill, get_num_allocatable_reqs --------------------------------------------
     def defer(self, sched: Any, running_batch: Any) -> bool:
-        """The gate's answer for this step (stock said "go"): True keeps a prefill from forming."""
+        """The gate's answer for this step (stock said "go"): True keeps a prefill from forming. While the
+        gate holds and a chunked prefill is in flight, the chunk goes on alone (``hold_new``)."""
         if self.fault_hook:
             self.fault("defer_prefill")
         waiting = len(sched.waiting_queue)
@@ -241,16 +223,34 @@ class PluginState:
         kv_free = 1.0
         if p.kv_reserve_frac > 0.0 and self.kv_total:  # no reserve: the gate's KV test always passes
             kv_free = 1.0 - self._kv_used() / self.kv_total
-        d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free, now=monotonic())
-        if d.allow_prefill or running == 0 or sched.chunked_req is not None:
-            return False
-        self.defers += 1
-        return True
+        d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free,
+                             now=monotonic() if self.group == 1 else self.group_now,
+                             chunk_in_flight=sched.chunked_req is not None)
+        if self.trace is not None:
+            self.trace_decision(d.reason, running, waiting)
+        if not d.allow_prefill:
+            self.defers += 1
+            return True
+        if d.admit_max == 0:  # Reason.CHUNK_IN_FLIGHT: the chunk continues, nobody joins it
+            self.hold_new = self.held = True
+            self.chunk_alone += 1
+        elif self.held:  # admitting again: a batch_is_full set while the chunk went on alone must not stick
+            self.held = False
+            running_batch.batch_is_full = False
+        return False
+
+    def trace_decision(self, reason: str, running: int, waiting: int) -> None:
+        """engine.trace_dir: one JSON line per gate decision (or stock step), to compare ranks."""
+        self.trace.write(f'{{"it":{self.iterations},"v":{self.version},"gen":{self.applied_gen},'
+                         f'"running":{running},"waiting":{waiting},"reason":"{reason}"}}\n')
 
     def allocatable(self, running_bs: int, n: int) -> int:
-        """sglang's admission budget ``n`` for ``running_bs`` running, capped at n_max running."""
+        """sglang's admission budget ``n`` for ``running_bs`` running, capped at n_max running; 0 while a
+        chunk goes on alone (the chunked request itself needs no budget: scheduler.py:4121-4129, 4181)."""
         if self.fault_hook:
             self.fault("allocatable")
+        if self.hold_new:
+            return 0
         room = self.cap - running_bs
         if n <= room:
             return n
@@ -325,7 +325,8 @@ class PluginState:
         if finished:
             self.finished += len(finished)
         self.link.report_row((seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
-                              kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable, finished))
+                              kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable,
+                              self.mixed_reason, self.group, self.gate.counts.copy(), finished))
 
     def aborted(self, req: Any) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
@@ -341,7 +342,7 @@ class PluginState:
         finished, self.pending = tuple(self.pending), []
         self._send((self.seq, wall_clock(), 0.0, BatchKind.IDLE, 0, 0, 0, 0, len(plan.running_batch.reqs),
                     len(sched.waiting_queue), self._kv_used(), self.kv_total, self.max_running, self.version,
-                    self.mixed_unavailable, finished))
+                    self.mixed_unavailable, self.mixed_reason, self.group, self.gate.counts.copy(), finished))
 
     def _send(self, row: tuple) -> None:
         """Hand a report row (``protocol.REPORT_ROW`` order, ``finished`` last) to the link; never blocks: a
@@ -351,25 +352,3 @@ class PluginState:
         if row[-1]:
             self.finished += len(row[-1])
         self.link.report_row(row)
-
-    # --- status (GET /server_info → internal_states[i]["ebctl"]) ------------------------------------
-    def status(self, sched: Any) -> dict[str, Any]:
-        """The plugin's state for humans and tests; refreshes the policy first (an idle engine does not)."""
-        if self.on and self.ready:
-            self.refresh(sched, monotonic())
-        p = self.policy
-        n = min(self.n_times, _TIMES)
-        ns = sorted(self.times[:n])
-        link = self.link.stats() if self.link is not None and self.on else None
-        return {
-            "enabled": self.on, "started": self.ready, "error": self.error, "engine_id": self.engine_id,
-            "control": self.control, "reporting": self.reporting, "policy_version": self.version,
-            "mode": "none" if p is None else str(p.mode), "k": p.k if p else None,
-            "n_max": p.n_max if p else None, "launch_mixed_chunk": self.launch_mixed,
-            "is_mixed_chunk": bool(getattr(sched, "is_mixed_chunk", False)),
-            "mixed_unavailable": self.mixed_unavailable, "iterations": self.iterations, "reports": self.reports,
-            "finished": self.finished, "defers": self.defers, "capped": self.capped,
-            "mixed_steps": self.mixed_steps, "link": link,
-            "hook_ns": {"iterations": n, "p50": ns[n // 2] if n else None,
-                        "p99": ns[min(n - 1, (99 * n) // 100)] if n else None, "max": ns[-1] if n else None},
-        }

@@ -46,7 +46,7 @@ class Sched(SimpleNamespace):
                          waiting_queue=[req(f"w{i}") for i in range(5)], running_batch=batch(),
                          chunked_req=None, forward_ct=0, max_total_num_tokens=1000,
                          token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 900),
-                         tree_cache=SimpleNamespace(evictable_size=lambda: 0))
+                         tree_cache=SimpleNamespace(evictable_size=lambda: 0), server_args=SimpleNamespace())
         self.__dict__.update(kw)
 
 
@@ -87,7 +87,7 @@ def new_state() -> PluginState:
     """A started plugin state (what ``PluginState.start`` sets up inside a scheduler), with a fake link."""
     s = PluginState()
     s.ready, s.control, s.reporting, s.link, s.engine_id = True, True, True, Link(), "dp0"
-    s.launch_mixed, s.max_running, s.sync_forward = False, 16, True
+    s.launch_mixed, s.max_running, s.sync_forward = False, 16, True  # mixed_unavailable False: it may mix
     s.kv_total, s._kv_used = 1000, kv_used_reader(Sched())
     s.kinds = {"EXTEND": BatchKind.PREFILL, "MIXED": BatchKind.MIXED, "DECODE": BatchKind.DECODE,
                "IDLE": BatchKind.IDLE}

@@ -54,6 +54,8 @@ BURST = {"num_prompts": 40, "input_len": 32, "output_len": 32, "range_ratio": 0.
 # Torch on one core: on a 2-core machine, torch threads on both cores stall for a time slice whenever any
 # other thread (zmq I/O, daemon, client, tokenizer) wakes; one core for torch runs faster and steadier.
 ONE_TORCH_CORE = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
+# Two ranks (--tp-size 2 / --dp-size 2): one pinned core each (sglang asserts ranks <= NUMA nodes otherwise).
+TP_TORCH_CORES = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -207,9 +209,10 @@ class Server:
     """The tiny sglang server; ``plugins`` is always put in SGLANG_PLUGINS ("none": no plugin at all)."""
 
     def __init__(self, venv: Path, model: Path, workdir: Path, args: Iterable[str] = (), *,
-                 plugins: str = "ebctl", ebctl_config: Path | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
-        env.update(ONE_TORCH_CORE)
+                 plugins: str = "ebctl", ebctl_config: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """``env``: on top of ONE_TORCH_CORE (e.g. TP_TORCH_CORES for ``--tp-size 2``)."""
+        env = {**{k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")},
+               **ONE_TORCH_CORE, **(env or {})}
         env["SGLANG_PLUGINS"] = plugins
         if ebctl_config is not None:
             env["EBCTL_CONFIG"] = str(ebctl_config)
@@ -259,14 +262,15 @@ class Rig:
     """Daemon + tap + sglang server with the plugin: what most tests share (module scope)."""
 
     def __init__(self, venv: Path, model: Path, workdir: Path, server_args: Iterable[str] = (), *,
-                 daemon: dict[str, str] | None = None, engine: dict[str, str] | None = None) -> None:
+                 daemon: dict[str, str] | None = None, engine: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.venv, self.workdir = venv, workdir
         self.daemon = self.tap = self.server = None
         try:
             self.daemon = Daemon(workdir, daemon)
             self.tap = Tap(workdir, self.daemon.cfg.endpoint("telemetry"))
             cfg = engine_config(workdir, self.daemon, self.tap, engine)
-            self.server = Server(venv, model, workdir, server_args, ebctl_config=cfg)
+            self.server = Server(venv, model, workdir, server_args, ebctl_config=cfg, env=env)
         except BaseException:
             self.close()
             raise
@@ -368,5 +372,5 @@ def eb_check(reports: list[IterationReport], *, k: int, n_max: int) -> dict:
     return out
 
 
-__all__ = ["BURST", "EB_K4_N8", "ONE_TORCH_CORE", "Daemon", "Rig", "Server", "Tap", "bench", "check_accounting",
-           "eb_check", "engine_config", "free_port", "post_json", "server_env", "stop", "wait_for"]
+__all__ = ["BURST", "EB_K4_N8", "ONE_TORCH_CORE", "TP_TORCH_CORES", "Daemon", "Rig", "Server", "Tap", "bench",
+           "check_accounting", "eb_check", "engine_config", "free_port", "post_json", "server_env", "stop", "wait_for"]

@@ -16,7 +16,7 @@ from fakes import Original, Sched, batch, new_state, req
 
 from ebctl.gate import Phase, PhaseGate
 from ebctl.protocol import Mode, Policy
-from sglang_patch import hooks, state
+from sglang_patch import hooks, reading, state
 from sglang_patch.state import PluginState
 
 
@@ -86,11 +86,33 @@ def test_eb_defers_below_k_free_slots_and_caps_at_n_max(st):
     assert defer(5) is False  # refill goes on until the slots are full
     assert defer(8) is True  # full
     assert defer(0) is False  # nothing runs: always admit
-    sched.chunked_req = req("chunk")
-    assert defer(6) is False  # a chunked prefill in flight must go on
     assert hooks.allocatable(Original(10), sched, 6) == 2  # n_max 8 - 6 running
     assert hooks.allocatable(Original(1), sched, 6) == 1  # sglang's own budget is smaller
     assert st.defers == 2 and st.capped == 1
+
+
+def test_a_chunk_in_flight_goes_on_alone_while_the_gate_holds(st):
+    """Below k a chunked prefill must still go on (sglang cannot hold it back), but no waiting request may
+    join it: the step's admission budget is 0; once the gate admits, the sticky batch_is_full sglang set
+    while the chunk went alone is cleared."""
+    st.link.p = eb()
+    sched = Sched(chunked_req=req("chunk"))
+    step = lambda: hooks.next_batch(  # noqa: E731
+        Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    step()
+    running = batch([req()] * 6)  # 2 free < k = 4
+    assert hooks.defer_prefill(Original(False), sched, running) is False  # the chunk goes on
+    assert hooks.allocatable(Original(10), sched, 6, running_batch=running) == 0  # ... alone
+    running.batch_is_full = True  # what sglang does when the budget is 0 (scheduler.py:4226-4232)
+    assert st.chunk_alone == 1 and st.gate.last.reason == "chunk_in_flight" and st.defers == 0
+    step()  # the next step: the hold is per step
+    sched.chunked_req = None
+    assert hooks.defer_prefill(Original(False), sched, running) is True  # no chunk: held below k
+    assert running.batch_is_full is True
+    running.reqs = running.reqs[:4]  # two finished: 4 free = k
+    assert hooks.defer_prefill(Original(False), sched, running) is False
+    assert running.batch_is_full is False  # reopened: the refill may admit
+    assert hooks.allocatable(Original(10), sched, 4, running_batch=running) == 4
 
 
 def test_an_empty_queue_never_asks_the_gate(st):
@@ -118,7 +140,7 @@ def test_an_empty_queue_never_asks_the_gate(st):
 
 def test_mb_mixes(st):
     st.link.p = eb(mode=Mode.MB)
-    sched = Sched()
+    sched = Sched(is_mixed_chunk=True)
     hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
     assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is False
     assert sched.is_mixed_chunk is True and st.mixed_unavailable is False
@@ -127,9 +149,12 @@ def test_mb_mixes(st):
 
 def test_mb_on_a_server_that_cannot_mix_is_eb_and_says_so(st):
     st.link.p = eb(mode=Mode.MB)
-    sched = Sched(chunked_prefill_size=None)  # launched with --chunked-prefill-size -1
+    sched = Sched()  # launched without --enable-mixed-chunk
+    st.mixed_reason = reading.mixed_unavailable_reason(sched, allow_without_flag=False)
+    st.mixed_unavailable = bool(st.mixed_reason)
     hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
     assert st.mixed_unavailable is True and st.gate_policy.mode is Mode.EB
+    assert "--enable-mixed-chunk" in st.mixed_reason
     assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is True  # eb with k = 4
     assert sched.is_mixed_chunk is False
 
@@ -240,27 +265,28 @@ def test_an_idle_step_after_work_is_reported_once(st):
     assert [r.kind for r in st.link.sent] == ["decode", "idle"]
 
 
-@pytest.mark.parametrize(("ranks", "node", "engine_id", "control", "reporting"), [
-    ((0, 0, 1), "", "dp0", True, True),
-    ((3, 0, 1), "gpu-node-7", "gpu-node-7/dp3", True, True),
-    ((1, 0, 2), "", "dp1", False, True),  # attention TP 2: the two ranks must decide alike: report only
-    ((1, 1, 2), "", "dp1", False, False),  # the second rank of that group: silent
+@pytest.mark.parametrize(("ranks", "node", "prefix", "engine_id", "reporting"), [
+    (reading.Ranks(0, True, 1), "", "", "dp0", True),
+    (reading.Ranks(3, True, 1), "gpu-node-7", "", "gpu-node-7/dp3", True),
+    (reading.Ranks(3, True, 1), "gpu-node-7", "launch-9", "launch-9/dp3", True),
+    (reading.Ranks(1, True, 2), "", "", "dp1", True),  # attention TP 2: the source rank reports
+    (reading.Ranks(1, False, 2), "", "", "dp1", False),  # the second rank of that group: silent, steered
 ])
-def test_start_names_the_engine_and_steers_only_a_sole_scheduler(monkeypatch, tmp_path, caplog, ranks, node,
-                                                                 engine_id, control, reporting):
+def test_start_names_the_engine_and_only_the_source_rank_talks(monkeypatch, tmp_path, caplog, ranks, node, prefix,
+                                                               engine_id, reporting):
     cfg = tmp_path / "ebctl.toml"
-    cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\nnode = "{node}"\n')
+    cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\nnode = "{node}"\n[engine]\nid_prefix = "{prefix}"\n')
     monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
     monkeypatch.setattr(state.reading, "ranks", lambda: ranks)
     monkeypatch.setattr(state.reading, "batch_kinds", lambda: {})
     s = PluginState()
     caplog.set_level(logging.INFO, logger="ebctl.sglang")
-    s.start(Sched(is_mixed_chunk=True, chunked_prefill_size=None, max_running_requests=48, device="cuda"))
+    s.start(Sched(is_mixed_chunk=True, chunked_prefill_size=64, max_running_requests=48, device="cuda"))
     try:
-        assert (s.engine_id, s.control, s.reporting) == (engine_id, control, reporting)
-        assert (s.launch_mixed, s.mixed_unavailable, s.max_running, s.sync_forward) == (True, True, 48, False)
+        assert (s.engine_id, s.reporting, s.group) == (engine_id, reporting, ranks.group)
+        assert (s.launch_mixed, s.mixed_unavailable, s.max_running, s.sync_forward) == (True, False, 48, False)
         assert (s.link is not None) == reporting
-        assert ("only reports" in caplog.text) == (not control)
+        assert s.status(Sched())["steering"] is True
     finally:
         if s.link is not None:
             s.link.close()

@@ -1,0 +1,79 @@
+"""A tensor-parallel server (``--tp-size 2``, two scheduler ranks in lockstep) is steered: both ranks apply
+the source rank's policy at the same iterations and take the same gate decisions (their traces match line
+for line), EB(k = 4, n_max = 8) holds, every request completes, and kill -9 of the daemon takes both ranks
+back to stock together. In both event loops. Real sglang 0.5.23 on CPU, real daemon, sglang's client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from harness import BURST, EB_K4_N8, TP_TORCH_CORES, Rig, eb_check, wait_for
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module", params=["overlap", "normal"])
+def rig(request, sglang_venv, tiny_model, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp(f"tp-{request.param}")
+    traces = workdir / "traces"
+    traces.mkdir()
+    args = ["--tp-size", "2", "--max-running-requests", "16"]
+    if request.param == "normal":
+        args.append("--disable-overlap-schedule")
+    r = Rig(sglang_venv, tiny_model, workdir, args, daemon=EB_K4_N8, engine={"engine.trace_dir": str(traces)},
+            env=TP_TORCH_CORES)
+    r.traces = traces
+    yield r
+    r.close()
+
+
+def traces(rig) -> tuple[list[dict], list[dict]]:
+    a, b = (rig.traces / f"trace.dp0.r{i}.jsonl" for i in (0, 1))
+    return tuple([json.loads(x) for x in p.read_text().splitlines()] for p in (a, b))
+
+
+def test_both_ranks_apply_one_policy_and_decide_alike(rig):
+    st = rig.set_eb()
+    assert st["steering"] and st["group_size"] == 2 and st["reporting"] and st["policy_version"] >= 0
+    assert rig.daemon.engine()["group_size"] == 2  # the daemon sees one engine for the group
+    mark = rig.tap.mark()
+    assert rig.bench(**BURST, seed=21)["completed"] == BURST["num_prompts"]
+    time.sleep(0.5)
+    reps = [r for r in rig.tap.since(mark) if r.policy_version == st["policy_version"]]
+    chk = eb_check(reps, k=4, n_max=8)
+    assert not chk["over_cap"] and not chk["early_refill"] and not chk["short_refill"], chk
+    assert chk["refills"] >= 3 and chk["held"] > 0, chk
+    assert max(r.running for r in reps) == 8
+    r0, r1 = traces(rig)
+    assert len(r0) > 50 and r0 == r1  # the same decisions, at the same iterations, under the same policy
+    assert {d["reason"] for d in r0} >= {"threshold", "wait_k"}
+
+
+def test_kill9_of_the_daemon_takes_both_ranks_to_stock_together(rig):
+    st = rig.set_eb()
+    n_before = len(traces(rig)[0])
+    mark = rig.tap.mark()
+    result: dict = {}
+    load = threading.Thread(target=lambda: result.update(rig.bench(num_prompts=120, input_len=32, output_len=48,
+                                                                   range_ratio=0.5, concurrency=24, seed=22)))
+    load.start()
+    wait_for(lambda: sum(r.running >= 8 and r.waiting > 0 for r in rig.tap.since(mark)) >= 20, 60,
+             "the load to fill the batch")
+    rig.daemon.kill9()
+    load.join(300)
+    try:
+        assert result.get("completed") == 120, result  # sglang's client completed every request
+        r0, r1 = traces(rig)
+        assert r0 == r1  # through the expiry too
+        after = r0[n_before:]
+        versions = [d["v"] for d in after]
+        assert st["policy_version"] in versions and versions[-1] == -1  # steered, then stock
+        flip = versions.index(-1)
+        assert all(v == -1 for v in versions[flip:])  # stock from one iteration on, on both ranks
+        assert rig.server.ebctl()["mode"] == "none" and rig.server.alive()
+    finally:
+        rig.daemon.start()
+    rig.wait_policy("eb", k=4, n_max=8)  # a new daemon: steered again
