@@ -14,9 +14,12 @@ from typing import Literal
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
 from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
-from ebctl.protocol import Estimates, IterationReport, Mode, Policy
+from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
 
 ThetaMethod = Literal["paper", "cfr", "exact-fluid"]
+COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
+MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
+DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
 OperatorMode = Literal["eb", "eb+", "mb", "off"]
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
@@ -51,7 +54,8 @@ class ControllerParams:
     n_obs_alpha: float = 0.05  # EMA weight of the running batch size (N_obs)
     kv_s: float = 0.5  # Eq. 23 s_KV
     kv_f0: float = 0.0  # Eq. 23 f0
-    max_defer_s: float = 5.0  # anti-starvation bound handed to the gate
+    max_defer_s: float = 0.0  # anti-starvation bound handed to the gate (s); 0: auto (defer_factor, below)
+    defer_factor: float = 4.0  # auto bound: this many times the expected time to free k slots
     ttl_s: float = 10.0  # policy lifetime at the engine
     cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
     cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
@@ -71,6 +75,10 @@ class Controller:
         self.base_cost_source = cost_source or ("profile" if costs else "default")
         self.window = LengthWindow(params.window)
         self.n_obs = Ema(params.n_obs_alpha)
+        self.decode_step_s = Ema(DECODE_STEP_ALPHA)  # measured seconds per decode iteration
+        self.gate_reasons: dict[str, int] = {}  # the engine's gate decisions by reason (cumulative, as reported)
+        self.group_size = 1
+        self.mixed_reason = ""
         self.online_costs = OnlineCosts(params.cost_window, params.cost_max_rel_err)
         self.kv_total = 0
         self.engine_limit = 0
@@ -95,7 +103,7 @@ class Controller:
         p = self.params
         n, k = self._pinned(self.n_limit, math.floor(p.theta_default * self.n_limit))
         return Policy(engine_id=self.engine_id, version=version, ttl_s=p.ttl_s, mode=Mode(p.cold_mode), k=k,
-                      n_max=n, max_defer_s=p.max_defer_s, reason="cold start: waiting for data")
+                      n_max=n, max_defer_s=p.max_defer_s or COLD_DEFER_S, reason="cold start: waiting for data")
 
     def _pinned(self, n: int, k: int) -> tuple[int, int]:
         """Apply the operator's overrides; 1 <= k <= n <= the engine's limit."""
@@ -121,6 +129,12 @@ class Controller:
             if self.updates == 0:  # still cold: re-issue the cold policy against the engine's real limit
                 self.policy = self._cold_policy(version=self.policy.version + 1)
         self.mixed_unavailable = r.mixed_unavailable
+        self.mixed_reason = r.mixed_unavailable_reason
+        self.group_size = r.group_size
+        if r.gate_reasons:
+            self.gate_reasons = r.gate_reasons
+        if r.kind is BatchKind.DECODE and r.forward_s > 0:
+            self.decode_step_s.update(r.forward_s)
         self.online_costs.observe(r)
 
     @property
@@ -210,7 +224,8 @@ class Controller:
                         beta_p=costs.beta_p, alpha_d=costs.alpha_d, beta_d=costs.beta_d, cost_source=cost_source)
         return Policy(engine_id=self.engine_id, version=self.policy.version + 1, issued_at=now, ttl_s=p.ttl_s,
                       mode=mode, k=k, n_max=n_max, kv_reserve_frac=kv_reserve,
-                      max_defer_s=p.max_defer_s, reason="; ".join(reasons) or "ok", estimates=est)
+                      max_defer_s=self._defer_clock(k, n_max, p0), reason="; ".join(reasons) or "ok",
+                      estimates=est)
 
     def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
         """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
@@ -255,6 +270,30 @@ class Controller:
             reasons.append("mb unavailable on this engine: eb")
             return Mode.EB, lhs, rhs
         return (Mode.EB if self.eb_mode else Mode.MB), lhs, rhs
+
+    def _defer_clock(self, k: int, n: int, p0: float) -> float:
+        """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected
+        time to free k of n slots. With a constant hazard p0 a decode phase that frees k slots lasts
+        ζ(k/n)/p0 steps (Eq. 4's α_d·ζ·μ_O term, appendix B.2), each the measured decode iteration time."""
+        p = self.params
+        if p.max_defer_s > 0:
+            return p.max_defer_s
+        step = self.decode_step_s.value
+        if not (math.isfinite(step) and step > 0 and p0 > 0 and k < n):
+            return COLD_DEFER_S
+        expected = model.zeta(k / n) / p0 * step
+        return min(max(p.defer_factor * expected, MIN_DEFER_S), MAX_DEFER_S)
+
+    def gate_status(self) -> dict:
+        """Why the engine's refills happened: its gate decisions by reason, the decode → refill switches among
+        them (threshold k, the anti-starvation clock, an idle engine), and the share of the switches of a
+        busy engine that the threshold caused (the clock is a safety net: this should be near 1)."""
+        refills = {r: self.gate_reasons.get(r, 0) for r in ("threshold", "starvation", "idle")}
+        busy = refills["threshold"] + refills["starvation"]
+        return {"gate_reasons": dict(self.gate_reasons), "refills": refills,
+                "threshold_share": refills["threshold"] / busy if busy else math.nan,
+                "decode_step_s": self.decode_step_s.value, "group_size": self.group_size,
+                "mixed_unavailable_reason": self.mixed_reason}
 
     def status(self) -> dict:
         """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -28,6 +30,7 @@ log = logging.getLogger("ebctl.daemon")
 
 # daemon.* keys a running daemon can change; the rest (sockets, keys, exporter) need a restart
 LIVE_DAEMON_KEYS = frozenset({"republish_s", "log_level", "profile", "node"})
+TUNED_FILE = "tuned.json"  # in the runtime directory: the keys changed by `tune`, for a restarted daemon
 
 
 def load_costs(profile: str) -> tuple[Costs | None, str]:
@@ -51,7 +54,8 @@ class ControlOps:
                   "config_path": self.cfg.path, "node": d.node, "profile": d.profile or "(default costs)",
                   "endpoints": {w: self.cfg.endpoint(w) for w in security.ENDPOINTS},
                   "metrics": f"http://{d.metrics_host}:{d.metrics_port}/metrics" if d.metrics_port else "",
-                  "counters": dataclasses.asdict(self.counters), "engines": len(self.engines)}
+                  "counters": dataclasses.asdict(self.counters), "engines": len(self.engines),
+                  "restarts": self.restarts, "tuned": dict(self.tuned)}
         engines = {eid: self._engine_status(eng, mono) for eid, eng in self.engines.items()}
         return ControlReply(ok=True, data={"daemon": daemon, "engines": engines})
 
@@ -62,8 +66,9 @@ class ControlOps:
         for k in ("v", "type"):
             pol.pop(k, None)
         costs, source = ctl.costs()
-        return {**pol, **est, **ctl.status(), "costs": {**dataclasses.asdict(costs), "source": source},
-                "seq_gaps": eng.seq_gaps, "last_report_age_s": mono - eng.last_report,
+        return {**pol, **est, **ctl.status(), **ctl.gate_status(),
+                "costs": {**dataclasses.asdict(costs), "source": source}, "seq_gaps": eng.seq_gaps,
+                "duplicate_reports": eng.duplicates, "last_report_age_s": mono - eng.last_report,
                 "last_update_age_s": mono - eng.last_update, "published_version": eng.published}
 
     def _op_tune(self, args: dict[str, Any], now: float) -> ControlReply:
@@ -82,31 +87,85 @@ class ControlOps:
         if fixed:
             return ControlReply(ok=False, error=f"{', '.join(fixed)}: cannot change while the daemon runs "
                                 "(edit the config and restart it); nothing changed")
-        return self._apply(new, now)
+        reply = self._apply(new, now)
+        if reply.ok:
+            for key in updates:  # a key tuned back to the file's value is no longer "tuned"
+                if new.get(key) == self.base.get(key):
+                    self.tuned.pop(key, None)
+                else:
+                    self.tuned[key] = new.get(key)
+            self._save_tuned()
+        return reply
 
     def _op_reload(self, args: dict[str, Any], now: float) -> ControlReply:
         return self.reload(now)
 
     def reload(self, now: float) -> ControlReply:
-        """Re-read ``cfg.path`` (plus the start-up overrides); a bad file leaves the running config alone."""
+        """Re-read ``cfg.path`` (plus the start-up overrides); a bad file leaves the running config alone.
+        Keys changed by ``tune`` stay tuned unless the file changed them (then the file wins)."""
         if not self.cfg.path:
             return ControlReply(ok=False, error="the daemon was started without a config file: nothing to "
                                 "reload (use tune, or restart with --config)")
         try:
-            new = config.load(self.cfg.path, self.overrides)
+            base = config.load(self.cfg.path, self.overrides)
         except ConfigError as e:
             return ControlReply(ok=False, error=f"reload refused, the running config stays: {e}")
         fixed = {f.name: getattr(self.cfg.daemon, f.name) for f in dataclasses.fields(self.cfg.daemon)
-                 if f.name not in LIVE_DAEMON_KEYS and getattr(new.daemon, f.name) != getattr(self.cfg.daemon, f.name)}
-        new = dataclasses.replace(new, daemon=dataclasses.replace(new.daemon, **fixed))
+                 if f.name not in LIVE_DAEMON_KEYS and getattr(base.daemon, f.name) != getattr(self.cfg.daemon, f.name)}
+        base = dataclasses.replace(base, daemon=dataclasses.replace(base.daemon, **fixed))
+        kept = {k: v for k, v in self.tuned.items() if base.get(k) == self.base.get(k)}
         try:
-            new.check()
+            base.check()
+            new = base.with_updates(kept)
         except ConfigError as e:
             return ControlReply(ok=False, error=f"reload refused, the running config stays: {e}")
         reply = self._apply(new, now)
-        if reply.ok and fixed:
+        if not reply.ok:
+            return reply
+        dropped = sorted(set(self.tuned) - set(kept))
+        self.base, self.tuned = base, kept
+        self._save_tuned()
+        reply.data.update({"tuned_kept": sorted(kept), "tuned_replaced_by_file": dropped})
+        if fixed:
             reply.data["needs_restart"] = sorted(f"daemon.{k}" for k in fixed)
         return reply
+
+    def _save_tuned(self) -> None:
+        """Write the tuned keys into the runtime directory (0600, atomically), for a restarted daemon."""
+        path = Path(self.cfg.daemon.runtime_dir) / TUNED_FILE
+        tmp = path.with_suffix(".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.tuned, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("cannot save the tuned keys to %s: %s", path, e)
+
+    def resume_tuned(self) -> None:
+        """Re-apply the keys a previous daemon on this runtime directory had tuned (``--resume``); a key that
+        no longer validates against the config is skipped, with a warning."""
+        path = Path(self.cfg.daemon.runtime_dir) / TUNED_FILE
+        try:
+            saved = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("cannot read the tuned keys in %s: %s", path, e)
+            return
+        for key, value in (saved.items() if isinstance(saved, dict) else ()):
+            try:
+                if key.startswith("engine.") or (key.startswith("daemon.") and key[7:] not in LIVE_DAEMON_KEYS):
+                    raise ConfigError(f"{key}: not a live key")
+                new = self.cfg.with_updates({key: value})
+                if key == "daemon.profile":
+                    self.costs, self.cost_source = load_costs(new.daemon.profile)
+                self.cfg = new
+                self.tuned[key] = new.get(key)
+            except ConfigError as e:
+                log.warning("not resuming the tuned key %s=%r: %s", key, value, e)
+        if self.tuned:
+            log.info("resumed tuned keys: %s", ", ".join(f"{k}={v!r}" for k, v in self.tuned.items()))
 
     def _apply(self, new: Config, now: float) -> ControlReply:
         """Make ``new`` the running config, atomically: everything that can fail happens first."""

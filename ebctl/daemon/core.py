@@ -52,9 +52,15 @@ log = logging.getLogger("ebctl.daemon")
 class Daemon(ControlOps, DaemonShell):
     """``Daemon(cfg).run()`` serves until SIGTERM, ``shutdown`` or ``stop()``; returns the exit code."""
 
-    def __init__(self, cfg: Config, *, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, cfg: Config, *, overrides: dict[str, Any] | None = None, restarts: int = 0,
+                 resume: bool = False) -> None:
+        """``restarts``: how many times a supervisor (``ebctl start``) restarted the daemon (status);
+        ``resume``: re-apply the keys the previous daemon on this runtime directory had tuned."""
         self.cfg = cfg
         self.overrides = dict(overrides or {})  # re-applied on reload: flags beat the file, as at start
+        self.base = cfg  # the config as file + flags gave it, before any `tune`
+        self.tuned: dict[str, Any] = {}  # keys changed by `tune` (kept across reloads that leave them alone)
+        self.restarts = restarts
         self.costs, self.cost_source = load_costs(cfg.daemon.profile)
         self.engines: dict[str, Engine] = {}
         self.counters = Counters()
@@ -67,6 +73,8 @@ class Daemon(ControlOps, DaemonShell):
         self._ops: dict[str, Callable[[dict[str, Any], float], ControlReply]] = {
             "status": self._op_status, "tune": self._op_tune, "reload": self._op_reload,
             "calibrate": self._op_calibrate, "config": self._op_config, "shutdown": self._op_shutdown}
+        if resume:
+            self.resume_tuned()
 
     # --- the core: no sockets, testable with bytes ----------------------------------------------------
     def ingest(self, frame: bytes, now: float, mono: float) -> Engine | None:
@@ -79,6 +87,8 @@ class Daemon(ControlOps, DaemonShell):
         eng = self.engines.get(r.engine_id) or self._new_engine(r.engine_id, mono)
         if eng is None:
             return None
+        if r.instance != eng.instance and not self._takes_over(eng, r, mono):
+            return None
         self.counters.received += 1
         if r.seq > eng.last_seq + 1 and eng.last_seq >= 0:
             eng.seq_gaps += r.seq - eng.last_seq - 1
@@ -90,6 +100,24 @@ class Daemon(ControlOps, DaemonShell):
             log.exception("controller of engine %r failed on a report", r.engine_id)
             return None
         return eng if version != eng.published else None
+
+    def _takes_over(self, eng: Engine, r: IterationReport, mono: float) -> bool:
+        """A report for ``eng`` from another process than the one reporting so far: it takes the id over when
+        the first one has been silent for a policy lifetime (an engine restart); otherwise two engines claim
+        one id (two launches, one runtime directory) and the newcomer is refused, counted, logged."""
+        if not eng.instance or not (mono - eng.last_report < eng.controller.params.ttl_s):
+            if eng.instance:
+                log.info("engine %r: a new process (%s) took over from %s", r.engine_id, r.instance, eng.instance)
+                eng.last_seq = -1
+            eng.instance = r.instance
+            return True
+        eng.duplicates += 1
+        self.counters.rejected["duplicate"] += 1
+        if eng.duplicates <= 5 or eng.duplicates % 1000 == 0:
+            log.warning("engine id %r is used by two processes (%s, reporting, and %s): the second one's reports "
+                        "are refused (%d so far); give each engine its own id (engine.id_prefix, daemon.node)",
+                        r.engine_id, eng.instance, r.instance, eng.duplicates)
+        return False
 
     def _new_engine(self, engine_id: str, mono: float) -> Engine | None:
         if "\0" in engine_id or len(self.engines) >= MAX_ENGINES:
@@ -135,13 +163,13 @@ class Daemon(ControlOps, DaemonShell):
         return reply
 
 
-def main(cfg: Config, *, overrides: dict[str, Any] | None = None) -> int:
+def main(cfg: Config, *, overrides: dict[str, Any] | None = None, restarts: int = 0, resume: bool = False) -> int:
     """``ebctl daemon``: log to stderr at ``daemon.log_level`` and serve until stopped."""
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ebctl").setLevel(cfg.daemon.log_level.upper())
     try:
-        daemon = Daemon(cfg, overrides=overrides)
+        daemon = Daemon(cfg, overrides=overrides, restarts=restarts, resume=resume)
     except ConfigError as e:
         log.error("refusing to start: %s", e)
         return 2
@@ -153,6 +181,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help=f"TOML file (default {config.DEFAULT_PATH} if it exists)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     ap.add_argument("--insecure", action="store_true", help="allow plaintext tcp:// endpoints")
+    ap.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)  # ebctl start's count, for status
+    ap.add_argument("--resume", action="store_true", help="re-apply the keys a previous daemon had tuned")
     a = ap.parse_args(argv)
     overrides: dict[str, Any] = {}
     for item in a.set:
@@ -167,4 +197,4 @@ def cli_main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ebctl daemon: {e}", file=sys.stderr)
         return 2
-    return main(cfg, overrides=overrides)
+    return main(cfg, overrides=overrides, restarts=max(a.restarts, 0), resume=a.resume)

@@ -66,6 +66,11 @@ class DaemonCollector(Collector):
         updates = CounterMetricFamily(f"{PREFIX}_policy_updates", "policy recomputations", labels=["engine"])
         gaps = CounterMetricFamily(f"{PREFIX}_seq_gaps", "reports missing from the seq sequence",
                                    labels=["engine"])
+        gate = CounterMetricFamily(f"{PREFIX}_gate_decisions", "the engine's phase-gate decisions by reason "
+                                   "(threshold, starvation and idle are the refills)", labels=["engine", "reason"])
+        defer_g = gauge("max_defer_seconds", "anti-starvation bound in the policy (auto: defer_factor × the "
+                        "expected time to free k slots)")
+        group_g = gauge("group_size", "scheduler ranks applying this engine's policy together (TP × CP × PP)")
         for eid, eng in engines:
             ctl = eng.controller
             pol = ctl.policy
@@ -89,8 +94,12 @@ class DaemonCollector(Collector):
             reports.add_metric([eid], ctl.reports)
             updates.add_metric([eid], ctl.updates)
             gaps.add_metric([eid], eng.seq_gaps)
+            for reason, n in ctl.gate_reasons.items():
+                gate.add_metric([eid, reason], n)
+            defer_g.add_metric([eid], pol.max_defer_s)
+            group_g.add_metric([eid], ctl.group_size)
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
-                    updates, gaps)
+                    updates, gaps, gate, defer_g, group_g)
         c = d.counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])
@@ -109,3 +118,5 @@ class DaemonCollector(Collector):
             hs.add_metric([kind], n)
         yield hs
         yield GaugeMetricFamily(f"{PREFIX}_engines", "engine ids known", value=len(engines))
+        yield CounterMetricFamily(f"{PREFIX}_daemon_restarts", "times ebctl start restarted the daemon (this one "
+                                  "included)", value=d.restarts)

@@ -30,12 +30,15 @@ class Engine:
     published: int = -1  # policy version last published
     last_seq: int = -1
     seq_gaps: int = 0  # reports missing from the seq sequence: dropped by the link's full queue, or coalesced
+    instance: str = ""  # the reporting process (EngineLink.instance): another one on this id is refused
+    duplicates: int = 0  # reports refused from another process claiming this engine id
 
 
 @dataclass(slots=True)
 class Counters:
     received: int = 0
-    rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0, "validation": 0})
+    rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0, "validation": 0,
+                                                               "duplicate": 0})
     control_requests: int = 0
     control_errors: int = 0
     control_rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0,
