@@ -57,9 +57,24 @@ def engine_command(engine: Engine, cfg_path: str, args: Sequence[str]) -> tuple[
     return _sim_engine_cmd(cfg_path, args), env
 
 
+def daemon_command(cfg: Config, g: Globals, restarts: int) -> list[str]:
+    """The daemon's command line under ``ebctl start``: the operator's own config file (so that ``reload``
+    and SIGHUP re-read what the operator edits) and ``--set`` flags; on a restart, the restart count and
+    ``--resume`` (the keys ``tune`` changed survive)."""
+    cmd = [sys.executable, "-m", "ebctl.daemon"]
+    if cfg.path:
+        cmd += ["--config", str(Path(cfg.path).resolve())]
+    for key, value in g.overrides().items():
+        cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    if restarts:
+        cmd += ["--restarts", str(restarts), "--resume"]
+    return cmd
+
+
 @command(app, context_settings={"ignore_unknown_options": True})
 def start(
     cfg: Config,
+    g: Globals,
     engine: Annotated[Engine, typer.Option("--engine", "-e", help="sim: the simulated engine; sglang: "
                                            "python -m sglang.launch_server with the ebctl plugin")],
     engine_args: Annotated[list[str] | None, typer.Argument(
@@ -67,7 +82,8 @@ def start(
     ready_timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon to answer", min=0.1)] = 20.0,
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL when stopping", min=0.0)] = 10.0,
 ) -> None:
-    """Start the daemon and an engine wired to it; stop both on Ctrl-C or when either dies."""
+    """Start the daemon and an engine wired to it. A daemon that dies is restarted and the engine keeps
+    serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both."""
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), list(engine_args or []))
     from ebctl import security
@@ -84,10 +100,9 @@ def start(
     with os.fdopen(fd, "w") as f:
         f.write(config.to_toml(cfg))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}
-    daemon_cmd = [sys.executable, "-m", "ebctl.daemon", "--config", str(cfg_file)]
     try:
-        code = supervisor.Supervisor(cfg, grace).run(daemon_cmd, engine_cmd, env, ready_timeout,
-                                                         f"{engine} engine")
+        code = supervisor.Supervisor(cfg, grace).run(lambda restarts: daemon_command(cfg, g, restarts), engine_cmd,
+                                                     env, ready_timeout, f"{engine} engine")
     finally:
         cfg_file.unlink(missing_ok=True)
     raise typer.Exit(code)

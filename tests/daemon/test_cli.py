@@ -216,11 +216,11 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def start_fake(rundir: str, tmp_path: Path, *, exit_after: float = 120, code: int = 0) -> tuple:
+def start_fake(rundir: str, tmp_path: Path, *extra: str, exit_after: float = 120, code: int = 0) -> tuple:
     pids_file = tmp_path / "engine.pids"
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, FAKE_ENGINE, str(pids_file), str(exit_after), str(code),
                              "start", "--engine", "sim", "--runtime-dir", rundir, "--grace", "3",
-                             "--set", "daemon.log_level=warning"],
+                             "--set", "daemon.log_level=warning", *extra],
                             start_new_session=True, stderr=subprocess.PIPE, text=True)
     return proc, pids_file
 
@@ -270,6 +270,56 @@ def test_start_stops_the_daemon_when_the_engine_dies(rundir, tmp_path):
         assert proc.returncode == 1
         assert "exited with code 3" in err and "stopping the daemon" in err
         assert not alive(daemon_pid)
+    finally:
+        kill_group(proc)
+
+
+def test_start_exits_0_when_the_engine_finishes_normally(rundir, tmp_path):
+    proc, _ = start_fake(rundir, tmp_path, exit_after=1.0, code=0)
+    try:
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "exited with code 0" in err
+    finally:
+        kill_group(proc)
+
+
+def test_start_restarts_a_killed_daemon_and_never_stops_the_engine(rundir, tmp_path):
+    """kill -9 of the daemon: the engine (and its child) keep running, a new daemon answers on the same
+    endpoints, says it is restart 1, and has the keys `tune` had changed; Ctrl-C still stops everything."""
+    proc, pids_file = start_fake(rundir, tmp_path)
+    try:
+        wait_for(pids_file.exists, 20, "the engine to start")
+        engine_pid, grandchild_pid = map(int, pids_file.read_text().split())
+        first = wait_for(lambda: (status(rundir) or {}).get("daemon", {}).get("pid"), 10, "the daemon")
+        r = ebctl("tune", "set", "controller.theta_max=0.55", "--runtime-dir", rundir)
+        assert r.returncode == 0, r.stderr
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: (status(rundir) or {}).get("daemon", {}).get("pid") not in (None, first)
+                          and status(rundir)["daemon"], 20, "a restarted daemon")
+        assert second["restarts"] == 1 and second["tuned"] == {"controller.theta_max": 0.55}
+        assert daemon_config(rundir)["controller"]["theta_max"] == 0.55
+        assert alive(engine_pid) and alive(grandchild_pid) and proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "restart 1" in err and "keeps serving" in err
+        assert not any(map(alive, (second["pid"], engine_pid, grandchild_pid)))
+    finally:
+        kill_group(proc)
+
+
+def test_start_reload_rereads_the_operators_config_file(rundir, tmp_path):
+    conf = tmp_path / "op.toml"
+    conf.write_text("[controller]\ntheta_max = 0.7\n")
+    proc, _ = start_fake(rundir, tmp_path, "--config", str(conf))
+    try:
+        wait_for(lambda: status(rundir), 20, "the daemon")
+        assert daemon_config(rundir)["controller"]["theta_max"] == 0.7
+        conf.write_text("[controller]\ntheta_max = 0.6\n")
+        r = ebctl("reload", "--runtime-dir", rundir)
+        assert r.returncode == 0 and "theta_max" in r.stdout, (r.stdout, r.stderr)
+        assert daemon_config(rundir)["controller"]["theta_max"] == 0.6
     finally:
         kill_group(proc)
 
