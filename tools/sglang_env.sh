@@ -12,8 +12,8 @@
 # interrupted build is never taken for a complete one. Concurrent callers wait on a lock.
 # It does NOT install ebctl itself (CI uses fresh clones: each caller installs its own checkout).
 #
-# Why each step: /work/shared/sglang-cpu/README.md (CPU torch wheel, sglang with --no-deps plus
-# pure-Python pins, torchvision's CUDA-only meta registrations guarded, sgl_kernel stand-in on PYTHONPATH).
+# Why each step: docs/sglang-cpu.md (CPU torch wheel, sglang with --no-deps plus pure-Python pins,
+# torchvision's CUDA-only meta registrations guarded, sgl_kernel stand-in on PYTHONPATH).
 # Logs go to stderr; the last line on stdout is the environment's path.
 # Environment: EBCTL_SGLANG_CACHE (cache root), EBCTL_PYTHON (interpreter, default python3).
 set -euo pipefail

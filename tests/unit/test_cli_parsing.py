@@ -402,6 +402,22 @@ def test_units_agree_with_the_example_config():
     assert user == [line for line in engine_unit.splitlines() if line.startswith("User=")] == ["User=ebctl"]
 
 
+def test_the_sglang_example_launches_a_server_that_can_mix():
+    """mb and eb+ need sglang started with --enable-mixed-chunk (the plugin says so when it is missing);
+    a node set up from the example must not report "mb unavailable"."""
+    from types import SimpleNamespace
+
+    from sglang_patch import reading
+
+    lines = (SYSTEMD / "sglang.env.example").read_text().splitlines()
+    args = next(line for line in lines if line.startswith("SGLANG_ARGS=")).removeprefix("SGLANG_ARGS=").split(" ")
+    assert "--enable-mixed-chunk" in args
+    plain = SimpleNamespace(is_mixed_chunk=False, chunked_prefill_size=8192, server_args=SimpleNamespace())
+    assert "--enable-mixed-chunk" in reading.mixed_unavailable_reason(plain, allow_without_flag=False)
+    launched_with_it = SimpleNamespace(**{**vars(plain), "is_mixed_chunk": True})  # sglang sets it from the flag
+    assert reading.mixed_unavailable_reason(launched_with_it, allow_without_flag=False) == ""
+
+
 def _units_for_this_machine(tmp_path: Path) -> Path:
     """The units with /opt/ebctl/bin pointed at this virtual environment (verify checks ExecStart exists)."""
     bindir = Path(sys.executable).parent
