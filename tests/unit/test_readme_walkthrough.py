@@ -1,0 +1,42 @@
+"""tools/readme_walkthrough.py knows every command of the README (each is run or skipped with a reason), and
+finds commands the way a reader types them. The walkthrough itself runs in CI: `python tools/readme_walkthrough.py`."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def walk():
+    spec = importlib.util.spec_from_file_location("readme_walkthrough", REPO / "tools" / "readme_walkthrough.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["readme_walkthrough"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("readme_walkthrough", None)
+
+
+def test_every_readme_command_is_planned_and_every_skip_says_why(walk):
+    commands = walk.readme_commands((REPO / "README.md").read_text())
+    assert "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies " \
+           "v0,mb,eb-auto,eb+" in commands  # the Quick start's simulator example, as written
+    assert [c for c in commands if c not in walk.PLAN] == []
+    for cmd, step in walk.PLAN.items():
+        assert step.how in ("run", "demo", "skip"), cmd
+        assert step.why or step.how != "skip", f"{cmd}: a skip needs its reason"
+        assert step.why or not step.slow, f"{cmd}: a slow step says why it waits for --all"
+    stale = [c for c in walk.PLAN if c not in commands]
+    assert stale == [], "planned commands no longer in the README"
+
+
+def test_commands_are_found_as_a_reader_types_them(walk):
+    text = ("Intro `ebctl status` inline is prose.\n```bash\npip install -e . && ebctl start   # the demo\n"
+            "# a comment line\n\nebctl  status   --watch\n```\n```python\nprint('not a command')\n```\n"
+            "Run `python tools/fit_traces.py` and `bash tools/sglang_env.sh | tail -1`.\n"
+            "```sh\nebctl status --watch\n```")
+    assert walk.readme_commands(text) == ["pip install -e . && ebctl start", "ebctl status --watch",
+                                          "python tools/fit_traces.py", "bash tools/sglang_env.sh | tail -1"]

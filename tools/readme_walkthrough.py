@@ -1,0 +1,263 @@
+"""Walk through README.md as a newcomer would: a fresh clone, a fresh virtual environment, every command.
+
+    python tools/readme_walkthrough.py [--here] [--all] [--keep]
+
+Every command of the README's ```bash blocks and every ``python tools/...`` / ``bash tools/...`` it names is
+either run as written or skipped with its reason (``PLAN``); a command the README gains without an entry
+here fails the walkthrough, so the two stay in step. Long-running commands are bounded: ``ebctl start``
+runs until the commands of a second shell are done (the CLI table's commands, in the concrete forms of
+``SECOND_SHELL``), then gets Ctrl-C. A command passes when it exits as expected, prints what it should,
+and prints no Python traceback. About two minutes; ``--all`` adds the slow benchmarks.
+
+``--here`` uses this checkout and the ``ebctl`` next to this Python instead of a fresh clone and venv
+(quicker; what CI runs is the default). The walkthrough's processes get a private ``XDG_RUNTIME_DIR`` and
+``XDG_CONFIG_HOME``, so the demo's default runtime directory and ``ebctl keygen``'s default key directory
+are its own and nothing of the user's is touched. Exit code: 0 when every command run passed, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW = "a benchmark of {s}; its figures are the README's; --all runs it"
+
+
+@dataclass(frozen=True)
+class Step:
+    """How a README command is walked: ``run`` (as written, within ``timeout`` s), ``demo`` (the
+    supervised demo: bounded, with the second shell's commands meanwhile), or ``skip`` (``why``)."""
+
+    how: str
+    why: str = ""
+    timeout: float = 120.0
+    expect: str = ""  # a string its output must contain
+    slow: bool = False  # run only with --all
+
+
+PLAN: dict[str, Step] = {
+    "pip install -e . && ebctl start --engine sim": Step("demo", expect="engine sim0"),
+    "pip install -e '.[dev]' && python -m pytest": Step("skip", "the whole test suite: .ci/run runs it (minutes)"),
+    "ebctl start --engine sim -- --workload balanced --concurrency 64 --speed 100 --requests 1000":
+        Step("run", timeout=90, expect="[sim] done"),
+    "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies "
+    "v0,mb,eb-auto,eb+": Step("run", timeout=180, expect="eb-auto"),
+    "python tools/readme_walkthrough.py": Step("skip", "this walkthrough"),
+    "pip install 'ebctl[sglang]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
+    "ebctl start --engine sglang -- --model-path Qwen/Qwen3-8B --enable-mixed-chunk --max-running-requests 1024":
+        Step("skip", "needs a GPU and downloads Qwen3-8B (16 GB); tests/sglang runs the real sglang on CPU"),
+    "ebctl status --watch": Step("skip", "run against the demo, with the second shell's commands"),
+    "python tools/fit_traces.py": Step("run", timeout=120, expect="azure-conv"),
+    "python tools/sim_table.py --requests 3000": Step("run", timeout=600, expect="prefill-heavy", slow=True,
+                                                      why="about a minute of simulation; --all runs it"),
+    "python tools/bench_core.py": Step("run", timeout=120, expect="p50"),
+    "python tools/bench_daemon.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),
+    "python tools/bench_link.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 35 s")),
+    "python tools/bench_sim.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),
+    "python tools/bench_hook.py --rounds 2": Step("skip", "starts the real sglang server six times (the "
+                                                  "environment of tools/sglang_env.sh; many minutes)"),
+    "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
+}
+
+# The CLI table's commands in concrete forms, run against the demo while it runs: (command, must contain[,
+# exit code]). The demo's daemon has no config file (none was given), so reload has nothing to re-read.
+SECOND_SHELL: list[tuple] = [
+    ("ebctl --version", "ebctl "),
+    ("ebctl status", "engine sim0"),
+    ("ebctl status --all", "published_version"),
+    ("ebctl status --json", '"engines"'),
+    ("ebctl status --engine sim0", "θ̂*"),
+    ("ebctl tune set controller.mode=eb+", "controller.mode"),
+    ("ebctl config show --daemon", 'mode = "eb+"'),
+    ("ebctl config show", "[controller]"),
+    ("ebctl reload", "nothing to reload", 2),
+    ("ebctl tune calibrate --out {tmp}/calibrated.json", ""),
+    ("ebctl config check systemd/ebctl.toml.example", "ok"),
+    ("ebctl profiles", "qwen3-8b/h200"),
+    ("ebctl keygen --dir {tmp}/keys --name walkthrough", "public key"),
+]
+# `ebctl daemon` with a config file of its own, and `ebctl reload` picking up an edit of that file.
+OWN_DAEMON = "ebctl daemon --config {tmp}/ebctl.toml --runtime-dir {tmp}/rt"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands a reader would type: lines of ```bash/```sh blocks (comments cut), and inline
+    ``python tools/...`` / ``bash tools/...`` spans, in order, each once."""
+    out: list[str] = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            cmd = re.sub(r"\s+#.*$", "", line).strip()
+            if cmd and not cmd.startswith("#"):
+                out.append(cmd)
+    out += re.findall(r"`((?:python|bash) tools/[^`]*)`", text)
+    return list(dict.fromkeys(re.sub(r"\s+", " ", c) for c in out))
+
+
+class Walk:
+    def __init__(self, work: Path, checkout: Path, bindir: Path) -> None:
+        self.work, self.checkout, self.bindir = work, checkout, bindir
+        self.results: list[tuple[str, str, str]] = []  # (status, command, note)
+        xdg = work / "xdg"
+        xdg.mkdir(mode=0o700)
+        self.env = {k: v for k, v in os.environ.items() if k not in ("EBCTL_CONFIG", "VIRTUAL_ENV")}
+        self.env.update(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", XDG_RUNTIME_DIR=str(xdg),
+                        XDG_CONFIG_HOME=str(work / "config"), PYTHONUNBUFFERED="1")
+
+    def record(self, status: str, cmd: str, note: str = "") -> bool:
+        self.results.append((status, cmd, note))
+        print(f"[{status:>4}] {cmd}" + (f"  ({note})" if note else ""), flush=True)
+        return status == "ok"
+
+    def check(self, cmd: str, rc: int, out: str, expect: str, want_rc: int = 0) -> bool:
+        if rc != want_rc:
+            return self.record("FAIL", cmd, f"exit {rc}, expected {want_rc}: {out[-800:]}")
+        if "Traceback (most recent call last)" in out:
+            return self.record("FAIL", cmd, f"printed a traceback: {out[-1500:]}")
+        if expect and expect not in out:
+            return self.record("FAIL", cmd, f"output lacks {expect!r}: {out[-800:]}")
+        return self.record("ok", cmd)
+
+    def run(self, cmd: str, *, timeout: float = 120.0, expect: str = "", rc: int = 0) -> bool:
+        try:
+            p = subprocess.run(cmd, shell=True, cwd=self.checkout, env=self.env, capture_output=True, text=True,
+                               timeout=timeout, executable="/bin/bash")
+        except subprocess.TimeoutExpired:
+            return self.record("FAIL", cmd, f"still running after {timeout:g} s")
+        return self.check(cmd, p.returncode, p.stdout + p.stderr, expect, rc)
+
+    def start(self, cmd: str) -> tuple[subprocess.Popen, Path]:
+        """A long-running command in its own process group (Ctrl-C reaches all of it); output to a file."""
+        log = self.work / f"bounded.{len(list(self.work.glob('bounded.*')))}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, shell=True, cwd=self.checkout, env=self.env, stdout=f,
+                                    stderr=subprocess.STDOUT, executable="/bin/bash", start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        return proc, log
+
+    def stop(self, proc: subprocess.Popen, log: Path, cmd: str, expect: str) -> bool:
+        """Ctrl-C (SIGINT to its process group); it must exit 0, and ``expect`` be in its output."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+            return self.record("FAIL", cmd, "did not stop within 30 s of Ctrl-C")
+        return self.check(cmd + "  (bounded: Ctrl-C)", rc, log.read_text(errors="replace"), expect)
+
+    def demo(self, cmd: str, step: Step) -> None:
+        """``INSTALL && ebctl start ...``: install, start, run the second shell's commands, Ctrl-C."""
+        install, _, start = cmd.partition(" && ")
+        if install == "true":  # --here: installed already
+            self.record("skip", "pip install -e .", "--here: this checkout is installed already")
+        elif not self.run(install, timeout=600):
+            return
+        proc, log = self.start(start)
+        try:
+            if not self.wait_for_engine(proc):
+                self.record("FAIL", start, f"no engine in `ebctl status` after 60 s: {log.read_text()[-800:]}")
+                return
+            for second, expect, *rc in SECOND_SHELL:
+                second = second.format(tmp=self.work)
+                if "calibrate" in second:  # the daemon needs good cost fits first: give it up to 30 s
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline and subprocess.run(
+                            second, shell=True, cwd=self.checkout, env=self.env, capture_output=True).returncode:
+                        time.sleep(2)
+                self.run(second, timeout=30, expect=expect, rc=rc[0] if rc else 0)
+            watch, watch_log = self.start("ebctl status --watch")
+            time.sleep(3)
+            self.stop(watch, watch_log, "ebctl status --watch", "engine sim0")
+        finally:
+            self.stop(proc, log, start, step.expect)
+
+    def own_daemon(self) -> None:
+        """The daemon alone, on a config file; edit the file, ``ebctl reload``, see the change."""
+        conf = self.work / "ebctl.toml"
+        conf.write_text('[controller]\nmode = "eb"\n')
+        cmd = OWN_DAEMON.format(tmp=self.work)
+        where = f"--config {conf} --runtime-dir {self.work}/rt"
+        proc, log = self.start(cmd)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and subprocess.run(
+                    f"ebctl status {where}", shell=True, env=self.env, capture_output=True).returncode:
+                time.sleep(0.5)
+            conf.write_text('[controller]\nmode = "mb"\n')
+            self.run(f"ebctl reload {where}", timeout=30, expect='controller.mode = "mb" (was "eb")')
+            self.run(f"ebctl config show --daemon {where}", timeout=30, expect='mode = "mb"')
+        finally:
+            self.stop(proc, log, cmd, "")
+
+    def wait_for_engine(self, proc: subprocess.Popen) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            p = subprocess.run("ebctl status --json", shell=True, env=self.env, capture_output=True, text=True)
+            if p.returncode == 0 and json.loads(p.stdout).get("engines"):
+                return True
+            time.sleep(1)
+        return False
+
+
+def fresh(work: Path) -> tuple[Path, Path]:
+    """A clone of this repository's HEAD and a new virtual environment (pip from it on PATH)."""
+    checkout = work / "ebctl"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(checkout)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
+    return checkout, work / "venv" / "bin"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--here", action="store_true", help="this checkout and this Python's ebctl, no fresh clone")
+    ap.add_argument("--all", action="store_true", help="also the slow benchmarks and tables")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs of bounded commands)")
+    a = ap.parse_args(argv)
+    commands = readme_commands((REPO / "README.md").read_text())
+    unplanned = [c for c in commands if c not in PLAN]
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="ebctl-walk-", dir="/tmp"))  # short: ipc socket paths
+    checkout, bindir = (REPO, Path(sys.executable).parent) if a.here else fresh(work)
+    walk = Walk(work, checkout, bindir)
+    try:
+        for cmd in unplanned:
+            walk.record("FAIL", cmd, "in the README but not in tools/readme_walkthrough.py's PLAN")
+        for cmd in commands:
+            step = PLAN.get(cmd)
+            if step is None:
+                continue
+            if step.how == "skip" or (step.slow and not a.all):
+                walk.record("skip", cmd, step.why)
+            elif step.how == "demo":
+                if a.here:
+                    cmd = "true && " + cmd.partition(" && ")[2]  # already installed here
+                walk.demo(cmd, step)
+                walk.own_daemon()
+            else:
+                walk.run(cmd, timeout=step.timeout, expect=step.expect)
+    finally:
+        if a.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    failed = [r for r in walk.results if r[0] == "FAIL"]
+    counts = {s: sum(r[0] == s for r in walk.results) for s in ("ok", "skip", "FAIL")}
+    print(f"\nreadme walkthrough: {counts['ok']} ok, {counts['skip']} skipped, {counts['FAIL']} failed "
+          f"in {time.monotonic() - t0:.0f} s ({'this checkout' if a.here else 'fresh clone of HEAD, fresh venv'})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
