@@ -56,7 +56,7 @@ PLAN: dict[str, Step] = {
     "python tools/readme_walkthrough.py": Step("skip", "this walkthrough"),
     "pip install 'ebctl[sglang]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
     "ebctl start --engine sglang -- --model-path Qwen/Qwen3-8B --enable-mixed-chunk --max-running-requests 1024":
-        Step("skip", "needs a GPU and downloads Qwen3-8B (16 GB); tests/sglang runs the real sglang on CPU"),
+        Step("skip", "needs a GPU and downloads Qwen3-8B; tests/sglang runs the real sglang on CPU"),
     "ebctl status --watch": Step("skip", "run against the demo, with the second shell's commands"),
     "python tools/fit_traces.py": Step("run", timeout=120, expect="azure-conv"),
     "python tools/sim_table.py --requests 3000": Step("run", timeout=600, expect="prefill-heavy", slow=True,

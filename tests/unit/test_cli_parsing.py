@@ -389,7 +389,7 @@ def test_example_config_is_the_defaults_with_the_runtime_dir_set():
     assert cfg.as_dict() == expected.as_dict()
     body = text[text.index("\n[daemon]\n") + 1:]
     assert body == config.to_toml(cfg), ("systemd/ebctl.toml.example is stale: rewrite everything from [daemon] "
-                                         "on with `ebctl config show --config systemd/ebctl.toml.example`")
+                                         "on with `ebctl config show --runtime-dir /run/ebctl`")
 
 
 def test_units_agree_with_the_example_config():
