@@ -165,7 +165,7 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
     first = _line(("ebctl daemon", "bold"), f" pid {d.get('pid', '?')} · up {age(d.get('uptime_s'))} · "
                   f"{engines} engine{'' if engines == 1 else 's'} · {num(counts.get('received'))} reports · "
                   f"{num(counts.get('published'))} policies")
-    where = [f"config {d.get('config_path') or '—'}", f"profile {d.get('profile') or '—'}",
+    where = [f"config {d.get('config_path') or '(none)'}", f"profile {d.get('profile') or '—'}",
              f"control {(d.get('endpoints') or {}).get('control', '?')}"]
     if d.get("metrics"):
         where.append(f"metrics {d['metrics']}")
@@ -214,9 +214,9 @@ def _fits_text(fits: Any) -> str:
             words.append(str(f["reason"]))
         else:
             err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
-            words += [f"err {err:.1%}" if err is not None and math.isfinite(err) else "",
+            words += [f"err {num(100 * err)}%" if err is not None and math.isfinite(err) else "",
                       f"R² {f['r2']:.3f}" if isinstance(f.get("r2"), int | float) and math.isfinite(f["r2"]) else "",
-                      f"n={num(f['n'])}" if "n" in f else ""]
+                      f"n={num(f['n'])}" if "n" in f and not used else ""]  # in use: enough, by definition
         out.append(" ".join(w for w in words if w))
     return " · ".join(out)
 

@@ -309,9 +309,10 @@ ENGINE_A = {"mode": "eb", "k": 59, "n_max": 339, "n_limit": 1024, "version": 22,
             "last_update_age_s": 3.21, "cost_source": "online(prefill,decode)",
             "costs": {"alpha_p": 0.0044, "beta_p": 5.04e-05, "alpha_d": 0.016, "beta_d": 1.49e-4, "c0": None,
                       "source": "online(prefill,decode)"},
-            "cost_fits": {"prefill": {"r2": 0.9999, "n": 1064, "in_use": True},
-                          "decode": {"r2": 0.925, "n": 1882, "in_use": True},
-                          "mixed": {"r2": None, "n": 0, "in_use": False, "reason": "too few"}},
+            "cost_fits": {"prefill": {"state": "in use", "in_use": True, "rel_err": 0.0023, "n": 1064,
+                                      "coef": {"intercept_s": 0.0046}},
+                          "decode": {"state": "in use", "in_use": True, "rel_err": 8.9e-05, "n": 1882},
+                          "mixed": {"state": "waiting", "in_use": False, "reason": "too few", "n": 0}},
             "gate_reasons": {"threshold": 120, "starvation": 3}, "group_size": 2, "unknown_new_field": 7}
 ENGINE_B = {**ENGINE_A, "mode": "mb", "k": 7, "n_max": 128, "theta0": 0.105, "delta_theta": -0.02,
             "theta_star": 0.085, "n_star": 128, "p0": 0.0512, "eta": -0.000354, "last_update_age_s": 75.0,
@@ -331,7 +332,8 @@ def test_status_view_fits_80x24_with_the_controller_of_two_engines():
     a, b = text.split("engine node-a/dp0")[1].split("engine node-b/dp1")
     # mode, k, N, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, the costs and fits in use, the policy's age: per engine
     for block, needles in ((a, ["eb", "59", "339/1,024", "0.0412", "+0.135", "0.176", "0.00251", "+1.18e-5",
-                                "3.2 s", "online(prefill,decode)", "prefill ✓ R² 1.000 n=1,064", "mixed ✗ too few",
+                                "3.2 s", "online(prefill,decode)", "prefill ✓ err 0.23% · decode ✓ err 0.0089%",
+                                "mixed ✗ too few",
                                 "threshold 120", "starvation 3", "1,113", "219", "group of 2"]),
                            (b, ["mb", "7", "128/1,024", "0.105", "-0.02", "0.085", "0.0512", "-3.54e-4", "75 s",
                                 "profile:qwen3-8b/h200"])):
