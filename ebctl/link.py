@@ -1,4 +1,4 @@
-"""The engine's end of the bus, and the CLI's (DESIGN.md, "Failure semantics (fail open)").
+"""The engine's end of the bus, and the CLI's (docs/design.md, "Failure semantics: everything fails open").
 
 ``EngineLink`` is what an engine embeds: ``report`` queues one iteration without ever blocking (a bounded
 queue; when it is full the report is dropped and counted) and ``policy(now)`` returns the newest policy
