@@ -180,6 +180,25 @@ def test_refit_waits_for_a_tenth_of_the_window_and_set_params_refits():
     assert oc.fits[D].n == 50 and oc.max_rel_err == 0.003 and not oc.passed(D)  # 1% noise: median error ~0.7%
 
 
+def test_one_kind_is_refitted_per_update_the_most_changed_first():
+    oc = OnlineCosts(capacity=100)
+    for i in range(100):
+        oc.observe(rep(P, seconds=1e-2 + 1e-5 * i, p_tok=10 + i, p_req=1))
+        oc.observe(rep(D, seconds=2e-2 + 1e-4 * (i % 7), d_req=1 + i % 7, ctx=50))
+    oc.refit(force=True)
+    assert oc._fitted_at == {P: 100, D: 100, M: 0}
+    for i in range(30):  # decode: 30% of its window new; prefill: 15%
+        oc.observe(rep(D, seconds=2e-2, d_req=3, ctx=50))
+        if i % 2:
+            oc.observe(rep(P, seconds=1e-2, p_tok=20, p_req=1))
+    oc.refit()
+    assert oc._fitted_at == {P: 100, D: 130, M: 0}  # decode only
+    oc.refit()
+    assert oc._fitted_at == {P: 115, D: 130, M: 0}  # then prefill
+    oc.refit()
+    assert oc._fitted_at == {P: 115, D: 130, M: 0}  # nothing due
+
+
 def test_fit_report_for_a_profile():
     oc = fed(eb_stream(np.random.default_rng(6), 200))
     rep_ = oc.fit_report()
