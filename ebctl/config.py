@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ebctl.controller import ControllerParams
+from ebctl.sbs.types import SbsParams
 
 DEFAULT_PATH = "/etc/ebctl/ebctl.toml"
 
@@ -159,9 +160,25 @@ REMOVED_KEYS = {
                               "default 0.2) and delete this key",
 }
 
+# Staggered batch scheduling in sglang's DP controller (ebctl.sbs; the second paper's Algorithms 1-3).
+_DISPATCH_SPECS: dict[str, Spec] = {
+    "mode": Spec(str, "off: sglang's own --load-balance-method; sbs: buffer requests and release them in batches",
+                 choices=("off", "sbs")),
+    "fwd_window": Spec(int, "W_size: forward times averaged into T̄_fwd (Algorithm 1)", 1, 100_000),
+    "t_default_s": Spec(float, "T_default: T̄_fwd before any forward was measured (s)", 1e-4, 60.0),
+    "l_net_s": Spec(float, "L_net: dispatcher-to-rank latency in I_opt = (T̄_fwd + L_net)/N_active (s)", 0.0, 10.0),
+    "watchdog_factor": Spec(float, "a target silent this many T̄_fwd after a release is lost (paper: 5)", 1.0, 1000.0),
+    "fixed_interval_s": Spec(float, "release interval to a lost target (s); 0: the current I_opt", 0.0, 60.0),
+    "chunk_tokens": Spec(int, "C_chunk: prefill tokens per rank and forward; 0: the engine's chunked prefill size",
+                         0, 10_000_000),
+    "n_limit": Spec(int, "N_limit: cycles a request may be left behind before it counts as overload", 0, 1_000_000),
+    "iqr_k": Spec(float, "k of Algorithm 3's outlier mask Q3 + k·(Q3 − Q1) on decode KV loads", 0.0, 100.0),
+}
+
 SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},
                           **{f"controller.{k}": v for k, v in _CONTROLLER_SPECS.items()},
-                          **{f"engine.{k}": v for k, v in _ENGINE_SPECS.items()}}
+                          **{f"engine.{k}": v for k, v in _ENGINE_SPECS.items()},
+                          **{f"dispatch.{k}": v for k, v in _DISPATCH_SPECS.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +186,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     controller: ControllerParams = field(default_factory=ControllerParams)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    dispatch: SbsParams = field(default_factory=SbsParams)
     path: str = ""  # the file it came from ("" = none)
 
     def endpoint(self, which: str) -> str:
@@ -182,7 +200,7 @@ class Config:
 
     def with_updates(self, updates: dict[str, Any]) -> Config:
         """A new Config with ``{"section.key": value}`` applied (strings are parsed); validated whole."""
-        by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}, "engine": {}}
+        by_section: dict[str, dict[str, Any]] = {"daemon": {}, "controller": {}, "engine": {}, "dispatch": {}}
         for key, raw in updates.items():
             if key in REMOVED_KEYS:
                 raise ConfigError(f"{key}={raw!r}: {REMOVED_KEYS[key]}")
@@ -193,7 +211,8 @@ class Config:
             by_section[section][name] = coerce(key, raw)
         cfg = Config(daemon=dataclasses.replace(self.daemon, **by_section["daemon"]),
                      controller=dataclasses.replace(self.controller, **by_section["controller"]),
-                     engine=dataclasses.replace(self.engine, **by_section["engine"]), path=self.path)
+                     engine=dataclasses.replace(self.engine, **by_section["engine"]),
+                     dispatch=dataclasses.replace(self.dispatch, **by_section["dispatch"]), path=self.path)
         cfg.check()
         return cfg
 
@@ -212,7 +231,7 @@ class Config:
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {"daemon": dataclasses.asdict(self.daemon), "controller": dataclasses.asdict(self.controller),
-                "engine": dataclasses.asdict(self.engine)}
+                "engine": dataclasses.asdict(self.engine), "dispatch": dataclasses.asdict(self.dispatch)}
 
 
 def unknown_key(key: str) -> ConfigError:
@@ -266,8 +285,9 @@ def from_toml(text: str, *, path: str = "") -> Config:
         raise ConfigError(f"not valid TOML{where}: {e}") from e
     updates: dict[str, Any] = {}
     for section, table in doc.items():
-        if section not in ("daemon", "controller", "engine") or not isinstance(table, dict):
-            raise ConfigError(f"unknown section [{section}]{where}: allowed: [daemon], [controller], [engine]")
+        if section not in ("daemon", "controller", "engine", "dispatch") or not isinstance(table, dict):
+            raise ConfigError(f"unknown section [{section}]{where}: allowed: [daemon], [controller], [engine], "
+                              "[dispatch]")
         for k, v in table.items():
             updates[f"{section}.{k}"] = v
     try:

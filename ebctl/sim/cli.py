@@ -77,8 +77,9 @@ def simulate(
     dp_mode: Annotated[str, typer.Option(help="--dp: attention (DP+EP, ranks in lockstep) or plain.")] = "attention",
     rate: Annotated[float, typer.Option(help="--dp: Poisson arrivals per second; 0: the trace's timestamps.")] = 0.0,
     chunk: Annotated[int, typer.Option(help="--dp: prefill tokens per rank and forward.")] = 3072,
-    dp_profile: Annotated[str, typer.Option(help="--dp: dpep (DeepSeek-V3 DP+EP, scaled from "
-                                                 "qwen3-30b-a3b/h200) or a profile name, unscaled.")] = "dpep",
+    dp_profile: Annotated[str, typer.Option(help="--dp: dpep (DeepSeek-V3 DP+EP: qwen3-30b-a3b/h200 scaled, "
+                                                 "calibrated to the SBS paper), dpep-compute (not "
+                                                 "calibrated) or a profile name, unscaled.")] = "dpep",
 ) -> None:
     """Simulate an engine under each policy on one workload and compare throughput and latency."""
     if plot is not None and not _has_matplotlib():

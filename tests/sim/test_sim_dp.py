@@ -102,11 +102,14 @@ def test_bad_input_is_named():
 
 
 def test_dpep_costs_scale_the_moe_profile():
-    c = dpcosts.build()
     from ebctl import profiles
     p = profiles.load("qwen3-30b-a3b/h200").costs
-    assert c.prefill.intercept_s == p.alpha_p
-    assert c.prefill.prefill_token_s == pytest.approx(p.beta_p * 37 / 4 / 3.3)
+    compute = dpcosts.named("dpep-compute").prefill
+    assert compute.intercept_s == p.alpha_p
+    assert compute.prefill_token_s == pytest.approx(p.beta_p * 37 / 4 / 3.3)
+    paper = dpcosts.named("dpep").prefill  # × the slowdown the paper's Table 1 implies
+    assert paper.predict(prefill_tokens=3072) == pytest.approx(5.8 * compute.predict(prefill_tokens=3072))
+    assert dpcosts.named("qwen3-8b/h200").prefill.prefill_token_s == profiles.load("qwen3-8b/h200").costs.beta_p
 
 
 def test_decode_pool_by_hand():

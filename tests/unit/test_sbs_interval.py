@@ -55,13 +55,17 @@ def test_interval_counts_from_the_slot_with_one_interval_of_credit():
     assert c.due(4.99) is None and c.due(5.0) == 0
 
 
-def test_quiescence_makes_a_target_ready():
-    c = ReleaseClock([0], t_default_s=0.1)
+def test_quiescence_is_an_immediate_trigger():
+    c = ReleaseClock([0], t_default_s=0.1)  # I = 0.1
     c.release(0, 0.0)
-    assert c.due(0.2) is None
-    assert RankLoad(rank=0, timestamp=0.2).quiescent
-    c.mark_ready(0)
-    assert c.due(0.2) == 0
+    c.end_forward(0, 0.1)  # ended with work still queued: ready, but the interval holds (T̄ stays 0.1)
+    assert c.due(0.05) is None and c.due(0.1) == 0
+    c.release(0, 0.1)
+    assert RankLoad(rank=0, timestamp=0.15).quiescent and not RankLoad(0, 0.15, queued_tokens=1).quiescent
+    c.end_forward(0, 0.1, quiescent=True)  # zero tasks: due at once (§4.1.2), the interval notwithstanding
+    assert c.due(0.15) == 0
+    c.release(0, 0.15)
+    assert c.due(0.3) is None  # the next release needs its EndForward again
 
 
 def test_watchdog_falls_back_to_fixed_interval_until_the_target_reports():

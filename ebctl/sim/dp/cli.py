@@ -39,11 +39,6 @@ def arrivals_and_lengths(workload: str | None, trace: str | None, requests: int,
     return poisson(rate, len(wl), seed=seed), wl.input_len, f"{wl.name}, Poisson {rate:g} req/s"
 
 
-def cost_model(profile: str):
-    """``dpep``: the DP+EP model of ``costs`` (scaled Qwen3-30B-A3B on H200); else a profile, unscaled."""
-    return dpcosts.build() if profile == "dpep" else dpcosts.build(profile, 1.0)
-
-
 def simulate_dp(*, dp: int, dispatch_list: str, mode: str, rate: float, chunk: int, profile: str,
                 workload: str | None, trace: str | None, requests: int, seed: int, time_scale: float,
                 json_out: bool, command: str = "") -> None:
@@ -51,7 +46,7 @@ def simulate_dp(*, dp: int, dispatch_list: str, mode: str, rate: float, chunk: i
     bad = [n for n in names if n not in dispatch.POLICIES]
     if not names or bad:
         raise ValueError(f"--dispatch {dispatch_list!r}: give one or more of {', '.join(dispatch.POLICIES)}")
-    cfg = DpConfig(ranks=dp, mode=mode, chunk=chunk, costs=cost_model(profile))  # type: ignore[arg-type]
+    cfg = DpConfig(ranks=dp, mode=mode, chunk=chunk, costs=dpcosts.named(profile))  # type: ignore[arg-type]
     arrival, tokens, what = arrivals_and_lengths(workload, trace, requests, rate=rate, seed=seed,
                                                  time_scale=time_scale)
     results = [run(arrival, tokens, name, cfg) for name in names]

@@ -113,7 +113,7 @@ class Sbs:
         for load in loads:
             self.queued[load.rank] = load.queued_tokens
             self.in_flight.ack(load.rank, started)  # the forward received everything sent by its start
-        self.clock.end_forward(iid, now - started)
+        self.clock.end_forward(iid, now - started, quiescent=all(load.quiescent for load in loads))
         self.blocked = False
 
     def release(self, now: float) -> Sends:
