@@ -6,6 +6,8 @@ Names (``load``):
   ``balanced`` (512/512), ``prefill-heavy`` (1024/128), ``table3`` (512/256, the paper's Table 3);
 * parametric: ``uniform:L=512,O=256``, ``geometric:L=512,O=256`` (inputs uniform as above, outputs
   geometric on {1, 2, ...} with mean O), ``gamma:a=0.5,L=512,O=256`` (outputs round(Gamma(a, O/a)) ≥ 1);
+* the paper's evaluation workloads by their Table 9 statistics (``ebctl.sim.paperdata``): ``sharegpt-like``,
+  ``longbench-like``, ``numinamath-like``;
 * the shipped traces (``ebctl/data/traces``, attribution in its README): ``azure-conv``, ``azure-code``,
   ``mooncake-conv``;
 * the paper's non-stationary scenarios (Table 3): ``dist-shift`` (μ_L 1024 → 512 → 128 while μ_O
@@ -34,6 +36,7 @@ SYNTHETIC = {"decode-heavy": (128, 1024), "balanced": (512, 512), "prefill-heavy
 TRACES = {"azure-conv": "azure2023_conv.csv", "azure-code": "azure2023_code.csv",
           "mooncake-conv": "mooncake_conversation.csv"}
 SCENARIOS = ("dist-shift", "conc-shift")
+PAPER_LIKE = {"sharegpt-like": "ShareGPT", "longbench-like": "LongBench", "numinamath-like": "NuminaMath"}
 DIST_SHIFT = ((1024, 128), (512, 512), (128, 1024))
 CONC_SHIFT = (32, 512, 1024, 256, 2048)
 
@@ -202,7 +205,8 @@ def _params(text: str) -> dict[str, float]:
 
 
 def names() -> list[str]:
-    return [*SYNTHETIC, *TRACES, *SCENARIOS, "uniform:L=..,O=..", "geometric:L=..,O=..", "gamma:a=..,L=..,O=.."]
+    return [*SYNTHETIC, *PAPER_LIKE, *TRACES, *SCENARIOS, "uniform:L=..,O=..", "geometric:L=..,O=..",
+            "gamma:a=..,L=..,O=.."]
 
 
 def load(spec: str, n: int, *, seed: int = 0, open_loop: bool = False, time_scale: float = 1.0) -> Workload:
@@ -216,6 +220,11 @@ def load(spec: str, n: int, *, seed: int = 0, open_loop: bool = False, time_scal
         raise ValueError(f"open loop needs arrival times: use a trace ({', '.join(TRACES)}) or a trace file")
     if key in SYNTHETIC:
         return synthetic(*SYNTHETIC[key], n, seed=seed, name=key)
+    if key in PAPER_LIKE:
+        from ebctl.sim import paperdata  # scipy's distributions: only when asked for
+
+        inputs, outputs = paperdata.table9(PAPER_LIKE[key], n, seed=seed)
+        return Workload(key, inputs, outputs)
     if key == "dist-shift":
         return _phased(key, [synthetic(l, o, m, seed=seed + i) for i, ((l, o), m) in
                              enumerate(zip(DIST_SHIFT, _split(n, 3), strict=True))], None)

@@ -1,4 +1,5 @@
-"""Cost models: the decode context term, the no-β_MB rule, and the MB calibration against measured points."""
+"""Cost models: the kernel terms (decode context, long prompts), the overheads every iteration pays, the
+interference bound read off the kernel table, the IterationCosts model, and which model a profile gets."""
 
 from __future__ import annotations
 
@@ -9,24 +10,28 @@ import numpy as np
 import pytest
 
 from ebctl import profiles
-from ebctl.sim import costs, hardware, policies, runner, workloads
-from ebctl.sim import interference as calibrate
+from ebctl.costmodel import IterationCosts, PhaseCost
+from ebctl.sim import costs, gpucost
 from ebctl.sim.costs import Batch
-from ebctl.sim.engine import EngineConfig
 
 
 def _decode(ctx, n):
     return Batch(decode_ctx=np.full(n, ctx, dtype=np.int64))
 
 
-def test_decode_at_context_512_is_the_measured_linear_cost(h200, h200_model):
+@pytest.fixture(scope="module")
+def kernels(h200):
+    return costs.build(h200, "kernels")
+
+
+def test_decode_at_context_512_is_the_measured_linear_cost(h200, kernels):
     c = h200.costs
     for n in (1, 64, 512):
-        assert h200_model.step_time(_decode(512, n)) == pytest.approx(c.alpha_d + c.beta_d * n, rel=1e-12)
+        assert kernels.step_time(_decode(512, n)) == pytest.approx(c.alpha_d + c.beta_d * n, rel=1e-12)
 
 
-def test_decode_cost_grows_with_context_as_measured(h200_model):
-    t = [h200_model.step_time(_decode(ctx, 512)) for ctx in (128, 512, 2048, 8192)]
+def test_decode_cost_grows_with_context_as_measured(kernels):
+    t = [kernels.step_time(_decode(ctx, 512)) for ctx in (128, 512, 2048, 8192)]
     assert t == sorted(t) and len(set(t)) == 4
     # attention kernel: 0.1402 ms at 128 and 1.1462 ms at 2048 per layer for 512 queries, × 36 layers
     assert t[2] - t[0] == pytest.approx((1.1462 - 0.1402) * 1e-3 * 36, rel=1e-9)
@@ -35,31 +40,43 @@ def test_decode_cost_grows_with_context_as_measured(h200_model):
     assert t[3] - t[2] == pytest.approx(slope * 6144, rel=1e-9)
 
 
-def test_prefill_is_linear_below_the_calibrated_lengths_and_grows_beyond(h200, h200_model):
+def test_prefill_is_linear_below_the_calibrated_lengths_and_grows_beyond(h200, kernels):
     c = h200.costs
     short = Batch(chunk_starts=[0], chunk_lens=[2048], prefill_tokens=2048)
-    assert h200_model.step_time(short) == pytest.approx(c.alpha_p + c.beta_p * 2048)
+    assert kernels.step_time(short) == pytest.approx(c.alpha_p + c.beta_p * 2048)
     long_chunk = Batch(chunk_starts=[30_000], chunk_lens=[2048], prefill_tokens=2048)
-    assert h200_model.step_time(long_chunk) > 1.5 * h200_model.step_time(short)
-    plain = costs.build(h200, prefill_attention=False)
+    assert kernels.step_time(long_chunk) > 1.5 * kernels.step_time(short)
+    plain = costs.build(h200, "kernels", prefill_attention=False)
     assert plain.step_time(long_chunk) == pytest.approx(c.alpha_p + c.beta_p * 2048)
 
 
-def test_mixed_without_beta_mb_is_the_sum_minus_alpha_p():
-    prof = profiles.load("qwen3-30b-a3b/h200")
-    assert not prof.costs.has_mixed
-    cm = costs.build(prof)
-    p = Batch(chunk_starts=[0], chunk_lens=[1000], prefill_tokens=1000)
-    d = _decode(700, 100)
-    mixed = Batch(chunk_starts=[0], chunk_lens=[1000], prefill_tokens=1000, decode_ctx=d.decode_ctx)
-    assert cm.step_time(mixed) == pytest.approx(cm.step_time(p) + cm.step_time(d) - prof.costs.alpha_p)
+def test_every_kind_pays_the_overheads(h200, kernels):
+    o = gpucost.Overheads(iter_s=2e-3, req_s=3e-5, interference=0.5, switch_s=4e-3, graph_s=1e-3)
+    cm = kernels.with_overheads(o)
+    pre = Batch(chunk_starts=[0, 0], chunk_lens=[300, 200], prefill_tokens=500, switched=True)
+    dec = _decode(700, 100)
+    mixed = Batch(chunk_starts=[0], chunk_lens=[300], prefill_tokens=300, decode_ctx=dec.decode_ctx)
+    # by hand: kernels + 2 ms + 30 µs per request (+ 4 ms for a switch; − 1 ms for a decode-only step)
+    assert cm.step_time(pre) == pytest.approx(kernels.step_time(pre) + 2e-3 + 2 * 3e-5 + 4e-3)
+    assert cm.step_time(dec) == pytest.approx(kernels.step_time(dec) + 2e-3 + 100 * 3e-5 - 1e-3)
+    # mixed: the prompt's and the rows' kernels with one α_d, + φ × the rows' attention at context 700
+    attention = 100 * float(kernels.attention(700))
+    parts = (kernels.step_time(Batch(chunk_starts=[0], chunk_lens=[300], prefill_tokens=300))
+             + kernels.step_time(dec) - h200.costs.alpha_p)
+    assert kernels.step_time(mixed) == pytest.approx(parts)
+    assert cm.step_time(mixed) == pytest.approx(parts + 2e-3 + 101 * 3e-5 + 0.5 * attention)
+    with pytest.raises(ValueError, match="req_s"):
+        gpucost.Overheads(req_s=-1.0)
 
 
-def test_mixed_with_beta_mb_costs_more_than_its_parts_minus_alpha_p(h200, h200_model):
-    mixed = Batch(chunk_starts=[0], chunk_lens=[1000], prefill_tokens=1000, decode_ctx=np.full(1000, 700))
-    parts = (h200_model.step_time(Batch(chunk_starts=[0], chunk_lens=[1000], prefill_tokens=1000))
-             + h200_model.step_time(_decode(700, 1000)) - h200.costs.alpha_p)
-    assert h200_model.step_time(mixed) > parts * 1.05  # interference at r = 0.5 (φ ≈ 1.4)
+def test_interference_bound_is_the_worst_measured_mixing_slowdown():
+    # RTX PRO 6000, 10% of 512 requests are 2,048-token prompts: mixed 17.7767 ms; apart, 51 prompts at
+    # 0.1976 ms and 461 decodes at context 2,048 (2.8957 ms for 512): the largest slowdown in the table
+    apart = 2.8957 * 461 / 512
+    want = (17.7767 - 51 * 0.1976 - apart) / apart
+    assert gpucost.interference_bound("RTX-PRO-6000") == pytest.approx(want, rel=1e-9)
+    assert 1.5 < gpucost.interference_bound("H200") < 2.5
+    assert gpucost.interference_bound("B300") == 0.0  # no kernel table: no evidence of interference
 
 
 def test_linear_model_is_the_papers():
@@ -70,42 +87,25 @@ def test_linear_model_is_the_papers():
     assert lm.step_time(Batch()) == 0.0
 
 
-def _fit_points():
-    raw = json.loads(resources.files("ebctl.data").joinpath("measured_profiles.json").read_text())
-    p = next(p for p in raw["profiles"] if p["gpu"] == "H200" and p["model"] == "Qwen/Qwen3-8B")
-    return [(f["mu_L"], f["mu_O"], f["tok_per_s_v1"]) for f in p["beta_mb"]["fit_points"]]
+def test_iteration_cost_model_prices_each_kind_with_its_phase_cost():
+    ic = IterationCosts(prefill=PhaseCost(intercept_s=1e-3, prefill_token_s=1e-5, switched_s=5e-4),
+                        decode=PhaseCost(intercept_s=2e-3, decode_req_s=1e-4, decode_ctx_token_s=1e-7))
+    cm = costs.IterationCostModel(ic)
+    assert cm.step_time(Batch(chunk_starts=[0], chunk_lens=[100], prefill_tokens=100, switched=True)) == \
+        pytest.approx(1e-3 + 100e-5 + 5e-4)
+    assert cm.step_time(_decode(300, 10)) == pytest.approx(2e-3 + 10e-4 + 3000e-7)
+    # no mixed cost: prefill part + decode part, one intercept (the smaller dropped)
+    mixed = Batch(chunk_starts=[0], chunk_lens=[100], prefill_tokens=100, decode_ctx=np.full(10, 300))
+    assert cm.step_time(mixed) == pytest.approx(2e-3 + 100e-5 + 10e-4 + 3000e-7)
+    with pytest.raises(ValueError, match="decode"):
+        costs.IterationCostModel(IterationCosts(prefill=ic.prefill))
 
 
-@pytest.mark.parametrize(("mu_l", "mu_o", "measured"), _fit_points())
-def test_saturated_mb_reproduces_the_measured_vllm_v1_throughput(h200, h200_model, mu_l, mu_o, measured):
-    """A saturated mixed-batching run (c = 2,048, vLLM v1 defaults) within 10% of tok_per_s_v1."""
-    kv = hardware.kv_capacity_tokens(h200.model, h200.gpu)
-    cfg = EngineConfig(rules="vllm", max_running=1024, token_budget=8192, kv_tokens=kv)
-    wl = workloads.synthetic(mu_l, mu_o, 5000, seed=11)
-    res = runner.run(wl, policies.make("mb", max_running=1024, kv_tokens=kv), h200_model, cfg, concurrency=2048)
-    assert res["steady_total_tok_per_s"] == pytest.approx(measured, rel=0.10)
-    # and the context-blind sum of exclusive costs (no interference) would not be
-    plain = h200_model.with_interference(None)
-    res0 = runner.run(wl, policies.make("mb", max_running=1024, kv_tokens=kv), plain, cfg, concurrency=2048)
-    if mu_l <= mu_o:
-        assert res0["steady_total_tok_per_s"] > measured * 1.10
-
-
-@pytest.mark.parametrize("name", ["qwen3-8b/h200", "qwen3-8b/rtx-pro-6000"])
-def test_stored_calibration_is_current(name):
-    """CALIBRATED is what `python -m ebctl.sim.calibrate` computes now (engine or profile changes show here)."""
-    prof = profiles.load(name)
-    base = costs.ProfileCostModel.from_profile(prof, calibrate=False)
-    kv = hardware.kv_capacity_tokens(prof.model, prof.gpu)
-    stored = calibrate.CALIBRATED[calibrate.fingerprint(base, kv)]
-    fresh = calibrate.calibrate_interference(base, kv_tokens=kv)
-    assert fresh.knots == pytest.approx(stored[0], rel=1e-9)
-    assert fresh.values == pytest.approx(stored[1], rel=1e-6, abs=1e-9)
-
-
-def test_interference_is_piecewise_linear_and_bounded():
-    f = costs.Interference((0.2, 0.5, 0.8), (0.0, 1.0, 4.0))
-    assert [f(0.0), f(0.2), f(0.35), f(0.5), f(0.65), f(1.0)] == pytest.approx([0, 0, 0.5, 1, 2.5, 4])
-    assert costs.Interference((0.5,), (-3.0,))(0.5) == -1.0
-    with pytest.raises(ValueError):
-        costs.Interference((0.5, 0.2), (0.0, 1.0))
+def test_which_model_a_profile_gets(h200):
+    cm = costs.build(h200)
+    stored = json.loads(resources.files("ebctl.data").joinpath("sim_overheads.json").read_text())
+    assert cm.overheads == gpucost.Overheads(**stored["gpus"]["H200"]["overheads"])
+    assert costs.build(profiles.load("llama-3.1-8b/h200")).overheads == gpucost.Overheads()  # not fitted
+    assert costs.describe(costs.build(profiles.load("llama-3.1-8b/h200")))["name"] == "kernels only"
+    with pytest.raises(ValueError, match="cost model"):
+        costs.build(h200, "magic")

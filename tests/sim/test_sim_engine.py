@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ebctl.protocol import BatchKind, Mode, Policy
-from ebctl.sim import costs, policies, runner, workloads
+from ebctl.sim import gpucost, policies, runner, workloads
 from ebctl.sim.engine import Engine, EngineConfig
 
 POLICIES = ["v0", "mb", "eb:k=4", "eb:theta=0.5,kv=0.2", "eb-auto:every=20", "eb+:every=20"]
@@ -207,7 +207,7 @@ def test_costs_batch_sees_decode_contexts(h200_model):
     while eng.busy:
         now = eng.step(now).wall_time
     assert seen == [(10, []), (0, [11]), (0, [12])]
-    assert isinstance(h200_model, costs.ProfileCostModel)
+    assert isinstance(h200_model, gpucost.EngineCostModel)
 
 
 def test_open_loop_measures_from_arrival_and_idles_between_arrivals(h200_model):
