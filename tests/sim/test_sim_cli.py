@@ -61,3 +61,23 @@ def test_plot_without_matplotlib_says_how(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "_has_matplotlib", lambda: False)
     r = runner.invoke(app, [*SMALL, "--plot", str(tmp_path / "x.png")])
     assert r.exit_code == 2 and "pip install 'ebctl[plot]'" in r.output
+
+
+def test_a_calibrated_profile_prices_iterations_with_its_sim_costs(tmp_path):
+    # a profile as tools/sim_vs_real.py writes it: every prefill and decode iteration takes 10 ms
+    flat = {"intercept_s": 0.01}
+    prof = {"schema": 2, "name": "flat", "model": "m", "gpu": "cpu",
+            "costs": {"alpha_p": 0.0, "beta_p": 0.0, "alpha_d": 1e-3, "beta_d": 0.0},
+            "sim": {"iteration_costs": {"prefill": flat, "decode": flat}, "engine": {"kv_tokens": 4096}}}
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps(prof))
+    trace = tmp_path / "one.csv"
+    trace.write_text("input_tokens,output_tokens\n10,5\n")
+    r = runner.invoke(app, ["--profile", str(path), "--trace", str(trace), "--requests", "1", "--policies", "v0",
+                            "--max-running", "4", "--token-budget", "64", "--json", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    # one request: a prefill (token 1) and 4 decode steps, 10 ms each: 5 tokens in 50 ms
+    assert out["results"][0]["makespan_s"] == pytest.approx(0.05)
+    assert out["results"][0]["tok_per_s"] == pytest.approx(100.0)
+    assert out["engine"]["kv_tokens"] == 4096 and out["cost_model"]["name"] == "iteration-costs (period)"
