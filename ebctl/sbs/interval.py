@@ -45,7 +45,6 @@ from collections.abc import Iterable
 
 from ebctl.sbs.types import SbsParams
 
-
 _SLACK_S = 1e-9  # rounding in sums of times must not make a release miss the instant it is due
 
 
