@@ -68,6 +68,10 @@ PLAN: dict[str, Step] = {
     "python tools/bench_hook.py --rounds 2": Step("skip", "starts the real sglang server six times (the "
                                                   "environment of tools/sglang_env.sh; many minutes)"),
     "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
+    "python tools/sim_dp_table.py --seeds 3": Step("run", timeout=600, expect="highest load meeting the SLO",
+                                                   slow=True, why=SLOW.format(s="about 90 s")),
+    "python tools/sim_dp_table.py --calibrate": Step("run", timeout=120, expect="mean factor"),
+    "python tools/bench_sbs.py": Step("run", timeout=120, expect="p50"),
 }
 
 # The CLI table's commands in concrete forms, run against the demo while it runs: (command, must contain[,
