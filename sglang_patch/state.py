@@ -179,6 +179,8 @@ class PluginState(Lifecycle):
             self.start(sched)
         if self.fault_hook:
             self.fault("next_batch")
+        if self.trace is not None:
+            self.trace_plan(plan)
         self.iterations += 1
         if self.link is not None:
             batch = plan.batch_to_run
@@ -217,6 +219,8 @@ class PluginState(Lifecycle):
         waiting = len(sched.waiting_queue)
         if not waiting:  # sglang 0.5.23 asks on every step; with nothing to admit, "go" changes nothing
             self.gate.rest()
+            if self.trace is not None:
+                self.trace_decision("queue_empty", len(running_batch.reqs), 0, sched.chunked_req is not None)
             return False
         p = self.gate_policy
         running = len(running_batch.reqs)
@@ -227,7 +231,7 @@ class PluginState(Lifecycle):
                              now=monotonic() if self.group == 1 else self.group_now,
                              chunk_in_flight=sched.chunked_req is not None)
         if self.trace is not None:
-            self.trace_decision(d.reason, running, waiting)
+            self.trace_decision(d.reason, running, waiting, sched.chunked_req is not None)
         if not d.allow_prefill:
             self.defers += 1
             return True
@@ -239,10 +243,19 @@ class PluginState(Lifecycle):
             running_batch.batch_is_full = False
         return False
 
-    def trace_decision(self, reason: str, running: int, waiting: int) -> None:
+    def trace_decision(self, reason: str, running: int, waiting: int, chunk: bool = False) -> None:
         """engine.trace_dir: one JSON line per gate decision (or stock step), to compare ranks."""
         self.trace.write(f'{{"it":{self.iterations},"v":{self.version},"gen":{self.applied_gen},'
-                         f'"running":{running},"waiting":{waiting},"reason":"{reason}"}}\n')
+                         f'"running":{running},"waiting":{waiting},"chunk":{"true" if chunk else "false"},'
+                         f'"reason":"{reason}"}}\n')
+
+    def trace_plan(self, plan: Any) -> None:
+        """engine.trace_dir: the step just planned (its batch kind and requests), under the same ``it`` as the
+        gate decision taken while planning it."""
+        b = plan.batch_to_run
+        kind = "none" if b is None else str(self.kinds.get(b.forward_mode, "other"))
+        self.trace.write(f'{{"it":{self.iterations},"planned":"{kind}","reqs":{0 if b is None else len(b.reqs)},'
+                         f'"running":{len(plan.running_batch.reqs)}}}\n')
 
     def allocatable(self, running_bs: int, n: int) -> int:
         """sglang's admission budget ``n`` for ``running_bs`` running, capped at n_max running; 0 while a

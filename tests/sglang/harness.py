@@ -243,7 +243,7 @@ class Server:
 
 def bench(venv: Path, url: str, out: Path, *, num_prompts: int, input_len: int = 32, output_len: int = 16,
           range_ratio: float = 1.0, concurrency: int | None = None, seed: int = 1,
-          timeout: float = 300) -> dict:
+          timeout: float = 300, request_rate: float | None = None) -> dict:
     """Run sglang's own load client; its JSON result (``completed``, ``total_output_tokens``, ...)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     cmd = [str(venv / "bin" / "python"), "-m", "sglang.benchmark.serving", "--backend", "sglang",
@@ -251,6 +251,8 @@ def bench(venv: Path, url: str, out: Path, *, num_prompts: int, input_len: int =
            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
            "--random-range-ratio", str(range_ratio), "--max-concurrency", str(concurrency or num_prompts),
            "--warmup-requests", "0", "--disable-tqdm", "--seed", str(seed), "--output-file", str(out)]
+    if request_rate is not None:  # open loop: Poisson arrivals at this rate (closed loop otherwise)
+        cmd += ["--request-rate", str(request_rate)]
     out.unlink(missing_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=server_env())
     assert p.returncode == 0 and out.exists(), f"benchmark failed ({p.returncode}):\n{p.stdout[-3000:]}\n" \

@@ -30,7 +30,7 @@ def rig(sglang_venv, tiny_model, module_workdir):
 def test_plugin_loads_in_the_scheduler_and_reports(rig):
     rig.generate(2)
     st = rig.server.ebctl()
-    assert st["enabled"] and st["started"] and st["control"] and st["reporting"], st
+    assert st["enabled"] and st["started"] and st["steering"] and st["reporting"] and st["group_size"] == 1, st
     assert st["engine_id"] == "dp0" and st["launch_mixed_chunk"] is False
     eng = wait_for(rig.daemon.engine, 10, "the daemon to list engine dp0")
     assert eng["reports"] > 0 and eng["last_report_age_s"] < 30
@@ -66,19 +66,24 @@ def test_eb_k4_nmax8_refills_at_k_and_caps_at_nmax(rig):
     assert not any(r.kind is BatchKind.MIXED for r in reps)
 
 
-def test_mb_forms_mixed_batches(rig):
+def test_mb_without_enable_mixed_chunk_is_unavailable_and_forms_no_mixed_batch(rig):
+    """Launched without --enable-mixed-chunk (chunked prefill on): sglang never turned mixing on, so mb does
+    not either (it could break configurations sglang refuses to mix): eb with the policy's k and n_max, and
+    the reason in /server_info, in every report and in the daemon's status."""
     st0 = rig.set_mode("mb", n_max=8)
+    assert st0["mixed_unavailable"] is True and "--enable-mixed-chunk" in st0["mixed_unavailable_reason"]
     mark = rig.tap.mark()
     res = rig.bench(**BURST, seed=4)
     assert res["completed"] == BURST["num_prompts"]
     time.sleep(0.3)
     reps = [r for r in rig.tap.since(mark) if r.policy_version == st0["policy_version"]]
-    kinds = Counter(r.kind for r in reps)
-    assert kinds[BatchKind.MIXED] > 0, kinds  # the server was launched without --enable-mixed-chunk
+    assert reps and not any(r.kind is BatchKind.MIXED for r in reps)
+    assert all(r.mixed_unavailable and "--enable-mixed-chunk" in r.mixed_unavailable_reason for r in reps)
     assert max(r.running for r in reps) <= 8
-    assert all(not r.mixed_unavailable for r in reps)
     st = rig.server.ebctl()
-    assert st["is_mixed_chunk"] is True and st["mixed_steps"] > st0["mixed_steps"]
+    assert st["is_mixed_chunk"] is False and st["mixed_steps"] == st0["mixed_steps"]
+    eng = rig.daemon.engine()
+    assert eng["mixed_unavailable"] is True and "--enable-mixed-chunk" in eng["mixed_unavailable_reason"]
 
 
 def test_off_is_sglang_as_launched(rig):
