@@ -1,6 +1,8 @@
 """``ebctl start --engine sglang -- <sglang args>``: the product's way in. It starts the daemon, then
 ``python -m sglang.launch_server`` with SGLANG_PLUGINS=ebctl and EBCTL_CONFIG; the engine reports and
-obeys; Ctrl-C (SIGINT) stops both and leaves no process behind."""
+obeys; kill -9 of the daemon under load loses no request (the supervisor restarts the daemon, the engine
+runs its policy to its TTL, then stock, until the new daemon publishes); Ctrl-C (SIGINT) stops both and
+leaves no process behind."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import ONE_TORCH_CORE, free_port, post_json, server_env, wait_for
+from harness import ONE_TORCH_CORE, bench, free_port, post_json, server_env, wait_for
 
 from ebctl.link import ControlClient, DaemonUnreachable
 
@@ -50,6 +53,12 @@ def status(endpoint: str) -> dict | None:
     return r.data if r.ok else None
 
 
+def engine_state(url: str) -> dict:
+    """The plugin's status in GET /server_info."""
+    with urllib.request.urlopen(f"{url}/server_info", timeout=30) as r:
+        return json.loads(r.read())["internal_states"][0]["ebctl"]
+
+
 def test_ebctl_start_runs_daemon_and_sglang_and_ctrl_c_stops_both(sglang_venv, tiny_model, workdir):
     rt = workdir / "rt"
     port = free_port()
@@ -82,6 +91,31 @@ def test_ebctl_start_runs_daemon_and_sglang_and_ctrl_c_stops_both(sglang_venv, t
             st = json.loads(r.read())["internal_states"][0]["ebctl"]
         assert st["enabled"] and st["mode"] == "eb" and st["engine_id"] == "dp0"
         assert len(processes_with(marker)) >= 3  # sglang launcher, scheduler, detokenizer (+ the daemon)
+
+        # kill -9 of the daemon mid-load: every request completes, the supervisor restarts the daemon, the
+        # engine is steered again once the new daemon publishes.
+        first = status(control)["daemon"]["pid"]
+        out: dict = {}
+        load = threading.Thread(target=lambda: out.update(bench(
+            sglang_venv, url, workdir / "bench.json", num_prompts=200, input_len=32, output_len=64,
+            range_ratio=0.5, concurrency=24, seed=3)))
+        load.start()
+        wait_for(lambda: engine_state(url)["iterations"] > st["iterations"] + 50, 60, "the load to start")
+        os.kill(first, signal.SIGKILL)
+        seen = []
+        while load.is_alive():
+            seen.append(engine_state(url))
+            time.sleep(0.1)
+        load.join()
+        assert out["completed"] == 200, out  # sglang's client completed every request
+        again = wait_for(lambda: (status(control) or {}).get("daemon", {}).get("pid") not in (None, first)
+                         and status(control), 30, "the restarted daemon")
+        assert again["daemon"]["restarts"] == 1
+        assert proc.poll() is None and again["engines"]["dp0"]["reports"] > 0
+        assert all(s["enabled"] for s in seen)  # the plugin never failed
+        final = wait_for(lambda: engine_state(url)["mode"] == "eb" and engine_state(url), 30, "eb again")
+        assert final["k"] == 4 and final["n_max"] == 8
+        assert "restart 1" in (workdir / "start.log").read_text()
 
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does: the foreground process gets SIGINT
         rc = proc.wait(90)
