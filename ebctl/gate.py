@@ -24,6 +24,7 @@ happened: THRESHOLD, STARVATION and IDLE are the decode → refill switches.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from typing import NamedTuple
 
 from ebctl.protocol import Mode, Policy
@@ -120,17 +121,23 @@ def _eb_step(phase: Phase, policy: Policy, running: int, waiting: int, kv_free_f
     return GateDecision(Phase.REFILL, True, free, False, Reason.THRESHOLD)
 
 
+HOLDS_KEPT = 8192  # the most recent hold durations PhaseGate keeps
+
+
 class PhaseGate:
     """Holds the phase, the deferral clock and the decision counts between iterations; the rest is
-    :func:`gate_step`. ``counts[reason]``: decisions taken for that reason since the gate was made."""
+    :func:`gate_step`. ``counts[reason]``: decisions taken for that reason since the gate was made;
+    ``holds``: how long each of the last holds kept a waiting request from a free slot before the gate
+    admitted again (seconds; recorded once per hold, so nothing per step)."""
 
-    __slots__ = ("counts", "defer_since", "last", "phase")
+    __slots__ = ("counts", "defer_since", "holds", "last", "phase")
 
     def __init__(self) -> None:
         self.phase = Phase.DECODE
         self.last: GateDecision = _STOCK
         self.defer_since: float | None = None  # when the gate began refusing a request it had a slot for
         self.counts: dict[Reason, int] = dict.fromkeys(Reason, 0)
+        self.holds: deque[float] = deque(maxlen=HOLDS_KEPT)
 
     def decide(self, policy: Policy | None, *, running: int, waiting: int, kv_free_frac: float,
                now: float, chunk_in_flight: bool = False) -> GateDecision:
@@ -139,6 +146,8 @@ class PhaseGate:
                       deferred_s=0.0 if since is None else now - since, chunk_in_flight=chunk_in_flight)
         admits = d.allow_prefill and d.admit_max != 0  # a chunk going on alone admits nobody: still held
         if admits or waiting <= 0 or (policy is not None and running >= policy.n_max):
+            if admits and since is not None:
+                self.holds.append(now - since)
             self.defer_since = None
         elif since is None:
             self.defer_since = now

@@ -171,3 +171,16 @@ def test_decisions_are_counted_by_reason():
     g.rest()
     expected = {Reason.WAIT_K: 2, Reason.THRESHOLD: 1, Reason.FILLING: 1, Reason.FULL: 1, Reason.QUEUE_EMPTY: 1}
     assert {r: n for r, n in g.counts.items() if n} == expected
+
+
+def test_each_hold_ended_by_an_admission_is_recorded_once():
+    g = PhaseGate()
+    pol = Policy(mode=Mode.EB, k=4, n_max=8, max_defer_s=100.0)
+    g.decide(pol, running=5, waiting=3, kv_free_frac=1.0, now=10.0)  # held from 10
+    g.decide(pol, running=5, waiting=3, kv_free_frac=1.0, now=11.0)
+    g.decide(pol, running=4, waiting=3, kv_free_frac=1.0, now=12.5)  # k free: admitted after 2.5 s
+    g.decide(pol, running=6, waiting=3, kv_free_frac=1.0, now=13.0)  # filling: no hold
+    g.decide(pol, running=8, waiting=3, kv_free_frac=1.0, now=14.0)  # full: queueing, not a hold
+    g.decide(pol, running=7, waiting=3, kv_free_frac=1.0, now=15.0)  # held from 15
+    g.decide(pol, running=7, waiting=0, kv_free_frac=1.0, now=16.0)  # the queue emptied: no admission
+    assert list(g.holds) == [2.5]
