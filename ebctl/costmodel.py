@@ -1,6 +1,6 @@
 """The iteration-cost model every part of ebctl shares, and the one test that says whether a fit is good.
 
-What one engine iteration costs, from what the iteration report says it held (DESIGN.md, "Per-iteration
+What one engine iteration costs, from what the iteration report says it held (docs/design.md §2, "The per-iteration
 contract"): per batch kind (prefill, decode, mixed) a linear function of
 
     x = (1, prefill_tokens, prefill_reqs, decode_reqs, decode_ctx_tokens, switched)

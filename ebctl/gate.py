@@ -1,4 +1,4 @@
-"""The per-iteration phase gate the engine asks "may a prefill batch form now?" (DESIGN.md, PhaseGate).
+"""The per-iteration phase gate the engine asks "may a prefill batch form now?" (docs/design.md §2).
 
 Pure and cheap: numbers the engine already has come in, a decision comes out; the only state is the
 phase, which the caller keeps (``PhaseGate`` is a two-field holder around :func:`gate_step`).
@@ -57,7 +57,7 @@ class GateDecision(NamedTuple):
     """``allow_prefill``: a prefill (or mixed) batch may form this iteration; ``admit_max``: at most this
     many new requests may be admitted (None: no cap of ours); ``mixed``: whether mixing prefill chunks with
     decode rows is wanted (None: the engine's launch setting). A named tuple: the plugin asks for one every
-    scheduler iteration, and a tuple is built ~5x faster than a frozen dataclass (DESIGN.md hook budget)."""
+    scheduler iteration, and a tuple is built ~5x faster than a frozen dataclass (docs/design.md §4)."""
 
     phase: Phase
     allow_prefill: bool

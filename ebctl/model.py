@@ -1,7 +1,8 @@
 """Closed forms of "Threshold-Based Exclusive Batching for LLM Inference" (ICML 2026).
 
-Plain keyword-argument functions of numbers: no state, no I/O, no clock (STYLE.md 3). Equation numbers
-are the paper's; ``../shared/paper-notes.md`` lists them. Units: seconds, tokens, requests.
+Plain keyword-argument functions of numbers: no state, no I/O, no clock. Equation
+numbers are the paper's; docs/design.md §7 lists where the code departs from it. Units: seconds, tokens,
+requests.
 
 Vocabulary: theta = k/N (share of slots idle at refill), zeta = -ln(1-theta), p0 + eta·t the output-length
 hazard, mu_l / mu_o mean input / output length, alpha/beta fixed / marginal iteration costs
@@ -23,7 +24,7 @@ _THETA_SERIES = 1e-4  # below this Ψ(θ) is summed as a series: θ/(1−θ) + l
 class Costs:
     """Iteration-cost coefficients. ``alpha_mb`` is 0 for a profile whose beta_MB^e(r) was fitted from
     saturated end-to-end throughput: that beta already holds the per-iteration fixed costs, and adding
-    alpha_MB on top would count them twice (paper-notes.md, "Traps")."""
+    alpha_MB on top would count them twice."""
 
     alpha_p: float
     beta_p: float

@@ -1,6 +1,6 @@
-"""Wire types between engines, the daemon and the CLI (DESIGN.md, "Per-iteration contract").
+"""Wire types between engines, the daemon and the CLI (docs/design.md §2).
 
-Pure: structs, one encoder, decoders built once, validation. No sockets here (STYLE.md 6).
+Pure: structs, one encoder, decoders built once, validation. No sockets here.
 Every message carries ``v`` (protocol version); a decoder refuses any other version with
 ``ProtocolError`` so the shell can count it and drop the frame.
 """

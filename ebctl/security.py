@@ -1,4 +1,4 @@
-"""Who may talk to the daemon (DESIGN.md, "Failure semantics", last point).
+"""Who may talk to the daemon (docs/design.md §3, last point).
 
 ``ipc://`` endpoints live in a directory only the service user can enter (mode 0700): the directory is
 the access control. A ``tcp://`` endpoint needs CURVE keys from ``ebctl keygen`` (the daemon's key pair

@@ -3,7 +3,7 @@
 Enabled with ``SGLANG_PLUGINS=ebctl`` (``ebctl start --engine sglang`` sets it, with ``EBCTL_CONFIG``).
 SGLang runs :func:`register` in every process it starts (launcher, scheduler per rank, detokenizer); it
 only registers hooks (``hooks.py``). The config is read and the sockets opened lazily, on the first hook
-call inside a scheduler. Design and fail-open rules: DESIGN.md; hook points: tools/sglang_cpu/HOOKS.md.
+call inside a scheduler. Design and fail-open rules: docs/design.md; hook points: tools/sglang_cpu/HOOKS.md.
 """
 
 from __future__ import annotations

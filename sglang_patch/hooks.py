@@ -1,4 +1,4 @@
-"""Where ebctl touches SGLang: every hook target in one constant, each hook a few lines (STYLE.md 9).
+"""Where ebctl touches SGLang: every hook target in one constant, each hook a few lines.
 
 ``STATE.ns`` adds up the time spent in the ebctl parts of an iteration (``perf_counter_ns``, status:
 ``hook_ns``); the one-line part of ``allocatable`` (a subtraction and a comparison, called once per

@@ -2,7 +2,7 @@
 
 ``start`` runs on the first ``get_next_batch_to_run`` of the scheduler: it reads the config, finds where
 this rank sits (``reading.ranks``), opens the link on the group's source rank only, and notes the launch
-settings it may later restore. ``fail`` is the fail-open path (DESIGN.md "Failure semantics"): log once,
+settings it may later restore. ``fail`` is the fail-open path (docs/design.md §3): log once,
 restore sglang's launch settings on the scheduler and on the batch being planned, close the link, stay
 off. ``status`` is what ``GET /server_info`` shows under ``internal_states[i]["ebctl"]``.
 """

@@ -2,14 +2,14 @@
 
 ``hooks.py`` calls one method of :class:`PluginState` per hook and nothing else; every method here may
 raise, and the hook then calls ``fail`` (``lifecycle.py``: log once, restore stock settings, stay off).
-Nothing here blocks, logs or allocates per iteration beyond the report row (DESIGN.md budgets).
+Nothing here blocks, logs or allocates per iteration beyond the report row (docs/design.md §4).
 
 Where the policy comes from: a rank alone in its scheduling group reads the newest policy from its link
 after planning each step (``end_step``); in a group of several ranks (TP/CP/PP) the source rank reads it
 and every rank applies it from the envelope the source adds to sglang's request broadcast
 (``group.py``), at the same iteration.
 
-What is applied (DESIGN.md "Per-iteration contract", tools/sglang_cpu/HOOKS.md sections 2-6):
+What is applied (docs/design.md §2, tools/sglang_cpu/HOOKS.md sections 2-6):
 - no policy, an expired one, ``off``, or a disabled plugin: ``is_mixed_chunk`` at its launch value, no
   cap, no deferral: sglang as launched;
 - ``eb``: ``is_mixed_chunk`` False; ``PhaseGate`` decides in ``_should_defer_prefill`` whether a prefill
@@ -296,7 +296,7 @@ class PluginState(Lifecycle):
 
         The report leaves as a plain tuple (``protocol.REPORT_ROW`` order); the link's I/O thread builds the
         struct. Every read here is an attribute, a ``len`` or a bound method looked up once at start: this is
-        the largest part of the per-iteration budget (DESIGN.md: p50 ≤ 10 µs for all hooks together)."""
+        the largest part of the per-iteration budget (docs/design.md §4: p50 ≤ 10 µs for all hooks together)."""
         if self.fault_hook:
             self.fault("batch_result")
         if self.link is None:

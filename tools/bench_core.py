@@ -1,6 +1,6 @@
 """Benchmark of the pure core: one controller update (fit + solve) at W = 500 and 2,000, one gate decision.
 
-Budgets (DESIGN.md): update <= 2 ms at W = 2,000; gate a few µs. Run: python tools/bench_core.py
+Budgets (docs/design.md §4): update <= 2 ms at W = 2,000; gate a few µs. Run: python tools/bench_core.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Daemon ingest rate: iteration reports per second (budget: >= 20,000/s on one core, DESIGN.md).
+"""Daemon ingest rate: iteration reports per second (budget: >= 20,000/s on one core, docs/design.md §4).
 
 Two measurements:
   1. sockets: a daemon subprocess (``python -m ebctl.daemon``) and a sender subprocess pushing N

@@ -1,4 +1,4 @@
-"""Per-iteration cost of the ebctl hooks inside a real SGLang scheduler (DESIGN.md budget: p50 ≤ 10 µs,
+"""Per-iteration cost of the ebctl hooks inside a real SGLang scheduler (docs/design.md §4 budget: p50 ≤ 10 µs,
 p99 ≤ 50 µs), and the end-to-end effect: the same load against the same server with and without the plugin.
 
     python tools/bench_hook.py [--venv VENV] [--prompts 300] [--concurrency 24] [--input-len 64]
@@ -356,7 +356,7 @@ def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
                 per_iter = f", {1e6 * diff / statistics.median(iters):+.0f} µs per iteration"
             lines.append(f"ebctl off vs stock, {what} for the same load: {100 * diff / statistics.median(stock):+.1f} %"
                          f"{per_iter}")
-    lines.append("budget (DESIGN.md): hook work per iteration p50 ≤ 10 µs, p99 ≤ 50 µs")
+    lines.append("budget (docs/design.md §4): hook work per iteration p50 ≤ 10 µs, p99 ≤ 50 µs")
     lines.append("per round (duration s / scheduler CPU s / hook p50 µs): " + "; ".join(
         f"{r['round']} {r['config']}: {r['duration_s']:.2f}/{r['sched_cpu_s']:.2f}/"
         f"{_fmt(r.get('hook_p50_us'), '.0f')}" for r in results))

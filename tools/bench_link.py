@@ -1,4 +1,4 @@
-"""Per-call cost of the engine side: ``EngineLink.report`` + ``EngineLink.policy`` (DESIGN.md budget for
+"""Per-call cost of the engine side: ``EngineLink.report`` + ``EngineLink.policy`` (docs/design.md §4 budget for
 the hook work per iteration: p50 <= 10 µs, p99 <= 50 µs, Python).
 
 Each iteration times one ``report(r)`` + one ``policy(now)`` with ``perf_counter_ns``:

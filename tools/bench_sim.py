@@ -1,4 +1,4 @@
-"""Simulator speed: 4,000 requests at concurrency 2,048 per policy (DESIGN.md budget: <= 3 s per policy).
+"""Simulator speed: 4,000 requests at concurrency 2,048 per policy (docs/design.md §4 budget: <= 3 s per policy).
 
     .venv/bin/python tools/bench_sim.py [--requests 4000] [--concurrency 2048]
 

@@ -4,7 +4,7 @@
 The engine is the service; the daemon only steers it. So a daemon that dies is restarted (with backoff,
 logged, counted: the new daemon shows ``restarts`` in status and resumes the keys ``tune`` had changed),
 and the engine is never stopped because of it: it runs its policy until the TTL, then stock, until the new
-daemon publishes (DESIGN.md "Failure semantics"). The engine's exit stops the daemon and ends ``start``
+daemon publishes (docs/design.md §3). The engine's exit stops the daemon and ends ``start``
 with 0 when the engine exited 0, else 1. Ctrl-C (or SIGTERM/SIGHUP) stops both, the engine first: SIGTERM,
 then SIGKILL after the grace period. Linux also SIGTERMs both if ``ebctl start`` itself dies
 (``PR_SET_PDEATHSIG``).

@@ -1,4 +1,4 @@
-"""The ebctl daemon (DESIGN.md): reports in, one Controller per engine id, policies out, a control API.
+"""The ebctl daemon (docs/design.md): reports in, one Controller per engine id, policies out, a control API.
 
 Modules, each importing only those listed before it: ``records`` (per-engine state, counters),
 ``metrics`` (the Prometheus collector), ``control`` (the control ops), ``shell`` (sockets, loop, signals),

@@ -1,4 +1,4 @@
-"""The ebctl daemon: reports in, one Controller per engine id, policies out, a control API (DESIGN.md).
+"""The ebctl daemon: reports in, one Controller per engine id, policies out, a control API (docs/design.md).
 
 The loop reads like a sentence: poll → decode → ``controller.observe`` → ``update`` → encode → publish,
 plus a timer that re-sends every engine's latest policy (with a fresh ``issued_at``) every

@@ -1,4 +1,4 @@
-"""Prometheus view of the daemon: a Collector that reads the controllers when scraped (STYLE.md 8).
+"""Prometheus view of the daemon: a Collector that reads the controllers when scraped.
 
 Nothing is pushed or cached: ``collect()`` reads each engine's current policy, estimates, costs and
 counters. The daemon registers it on its own ``CollectorRegistry`` and serves that registry over HTTP

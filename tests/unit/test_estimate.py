@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
 
-# the copies shipped in the package (ebctl/data/traces, from ../shared/traces with their attribution)
+# the copies shipped in the package (ebctl/data/traces, with their attribution in ebctl/data/traces/README.md)
 TRACES = Path(__file__).resolve().parents[2] / "ebctl" / "data" / "traces"
 
 

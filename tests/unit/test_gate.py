@@ -1,4 +1,4 @@
-"""PhaseGate: every edge of the phase machine, the starvation bound and the KV reserve (DESIGN.md)."""
+"""PhaseGate: every edge of the phase machine, the starvation bound and the KV reserve (docs/design.md §2)."""
 
 import pytest
 

@@ -8,7 +8,7 @@ hidden 64, intermediate 128, 4 attention heads, 2 KV heads, vocabulary 512, seed
 token (4 special tokens + 508 characters = 512, the model's vocabulary, so every id the model emits
 decodes). Idempotent: does nothing when DIR/config.json exists. Built in a sibling temporary directory
 and renamed, so a half-written DIR is never seen. Runs inside the sglang venv (torch, transformers,
-tokenizers). See /work/shared/sglang-cpu/README.md.
+tokenizers). See docs/sglang-cpu.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 The server runs in its own process group with SGLANG_USE_CPU_ENGINE=1 and this directory (the
 sgl_kernel stand-in) on PYTHONPATH; stopping it sends SIGTERM to the launcher, then SIGKILL to the group.
-Flags and why: /work/shared/sglang-cpu/README.md.
+Flags and why: docs/sglang-cpu.md.
 """
 
 from __future__ import annotations

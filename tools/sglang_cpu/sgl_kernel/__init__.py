@@ -6,7 +6,7 @@ No CPU build of sgl-kernel / sglang-kernel exists on PyPI, so the tests put ``to
 ``PYTHONPATH`` and get this module instead. The one op is implemented for real (slowly, in Python);
 any other name resolves to a function that raises ``NotImplementedError`` naming the op, so a code path
 this stand-in does not cover (speculative decoding, KV moves, ...) fails loudly instead of silently.
-Never ship this, never use it for timings. See /work/shared/sglang-cpu/README.md.
+Never ship this, never use it for timings. See docs/sglang-cpu.md.
 """
 
 import torch
