@@ -185,6 +185,8 @@ def table(runs: dict, pred: dict, cal: calibrate.Calibration) -> tuple[str, dict
 
 def ranking(summary: dict) -> list[str]:
     """Pairs whose measured medians differ by more than both runs' spreads: is the predicted order the same?"""
+    if min(len(v["measured"]) for v in summary.values()) < 2:
+        return ["one round: the run-to-run spread is unknown, no ranking is claimed (use --repeats 3 or more)"]
     out, names = [], list(summary)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
