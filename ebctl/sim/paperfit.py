@@ -49,6 +49,7 @@ GRID_B = (4096, 8192, 16384)
 TABLE2 = {"ShareGPT": "sharegpt-like", "LongBench": "longbench-like", "NuminaMath": "numinamath-like"}
 V1_ABSOLUTE = ("ShareGPT", "LongBench")
 FIT_THETAS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8)
+CONCURRENCY = 2048  # the paper's saturated regime
 SAT_REQUESTS = 6000
 TABLE2_REQUESTS = 4000
 SEED = 0
@@ -100,8 +101,8 @@ class Sums:
 
 
 def record(gpu: str, workload: str, spec: str, n: int, b: int, requests: int, steady: bool = False) -> Sums:
-    """One run's sums (vLLM's rules, concurrency 2,048); ``steady``: only the saturated window (from a quarter
-    of the requests done to the last one issued), its tokens those of the requests finished in it."""
+    """One run's sums (vLLM's rules, closed loop at ``CONCURRENCY``); ``steady``: only the saturated window
+    (from a quarter of the requests done to the last one issued), its tokens those of the requests finished in it."""
     cfg = engine(gpu, n, b)
     wl = workloads.load(workload, requests, seed=SEED)
     rec = Recorder(kernel_model(gpu))
@@ -114,13 +115,13 @@ def record(gpu: str, workload: str, spec: str, n: int, b: int, requests: int, st
             finished.append(len(rep.finished))
 
     src = policies.make(spec, max_running=n, kv_tokens=cfg.kv_tokens)
-    runner.run(wl, src, rec, cfg, concurrency=2048, on_step=on_step)
+    runner.run(wl, src, rec, cfg, concurrency=CONCURRENCY, on_step=on_step)
     rows = np.array(rec.rows)
     if not steady:
         return Sums(tuple(rows.sum(axis=0)), len(wl), float(wl.input_len.sum() + wl.output_len.sum()))
     cum = np.cumsum(finished)
     start = int(np.searchsorted(cum, requests // 4))
-    end = int(np.searchsorted(cum, requests - 2048))  # the client issues its last request here
+    end = int(np.searchsorted(cum, requests - CONCURRENCY))  # the client issues its last request here
     return Sums(tuple(rows[start:end].sum(axis=0)), int(sum(finished[start:end])), float(sum(tokens[start:end])))
 
 

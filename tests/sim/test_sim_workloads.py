@@ -121,3 +121,18 @@ def test_bad_header_names_the_file_once(tmp_path):
     with pytest.raises(ValueError) as e:
         workloads.from_trace(p, 1)
     assert str(e.value).count(str(p)) == 1 and "header ['a', 'b']" in str(e.value)
+
+
+@pytest.mark.parametrize(("name", "row"), [("sharegpt-like", "ShareGPT"), ("longbench-like", "LongBench"),
+                                           ("numinamath-like", "NuminaMath")])
+def test_paper_workloads_have_table_9s_statistics(name, row):
+    # Table 9 of the paper (range, mean; outputs also σ), as ebctl/data/paper_measurements.json copies it
+    table9 = {"ShareGPT": ((1, 20448), 105, (2, 500), 280, 153), "LongBench": ((1000, 4000), 2492, (1, 19), 11, 4),
+              "NuminaMath": ((16, 1395), 122, (800, 3149), 1039, 228)}
+    (ilo, ihi), imean, (olo, ohi), omean, osd = table9[row]
+    wl = workloads.load(name, 40_000, seed=0)
+    assert ilo <= wl.input_len.min() and wl.input_len.max() <= ihi
+    assert olo <= wl.output_len.min() and wl.output_len.max() <= ohi
+    assert wl.input_len.mean() == pytest.approx(imean, rel=0.03)
+    assert wl.output_len.mean() == pytest.approx(omean, rel=0.02)
+    assert wl.output_len.std() == pytest.approx(osd, rel=0.03)
