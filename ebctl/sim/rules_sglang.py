@@ -4,10 +4,10 @@ Read from the installed source (paths under ``sglang/srt/``; line numbers of 0.5
 
 * **One step** (``managers/scheduler.py:3894`` ``get_next_batch_to_run``): a prefill batch if one forms,
   else a decode step over the running batch. The ebctl plugin answers ``_should_defer_prefill`` (1400) with
-  the :class:`~ebctl.gate.PhaseGate` (``sglang_patch/state.py`` ``defer``: never while nothing runs or a
-  chunk is in flight; an empty queue skips the gate) and caps running requests at ``n_max``
-  (``get_num_allocatable_reqs``, 4027); in ``eb`` mode ``is_mixed_chunk`` is off, in ``mb`` on, without a
-  policy it keeps its launch value (``mixed_chunk``).
+  the :class:`~ebctl.gate.PhaseGate` (``sglang_patch/state.py`` ``defer``: an empty queue skips the gate;
+  while it holds and a chunk is in flight, the chunk goes on alone and nobody joins it) and caps running
+  requests at ``n_max`` (``get_num_allocatable_reqs``, 4027; 0 while the chunk goes on alone); in ``eb``
+  mode ``is_mixed_chunk`` is off, in ``mb`` on, without a policy it keeps its launch value (``mixed_chunk``).
 * **Admission** (``_get_new_batch_prefill_raw``, 4079-4396; ``managers/schedule_policy.py`` ``PrefillAdder``,
   607-1700; ``mem_cache/prefill_budget.py`` ``PrefillBudget``, 62-168). Nothing is tried while
   ``batch_is_full`` (a sticky flag set when the slots or the KV ran out, cleared when a request leaves) or the
@@ -62,6 +62,7 @@ class SglangEngine(Engine):
         self.ratio_decay = (self.ratio_init - self.ratio_min) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.ratio_init
         self.batch_is_full = False
+        self._held = False  # a chunk went on alone since the gate last admitted (the plugin's ``held``)
         self.retractions = 0
 
     def _released(self) -> None:
@@ -76,17 +77,23 @@ class SglangEngine(Engine):
         cap = min(cfg.max_running, policy.n_max) if steer else cfg.max_running
         chunked = self._prefilling[0] if self._prefilling else None
         running_bs = self.running - (chunked is not None)  # the chunked request is not in the running batch
-        defer = False
-        if steer and self.queue:  # the plugin's _should_defer_prefill
-            kv_free = self.free_blocks / self.total_blocks
+        defer = hold_new = False
+        if steer and self.queue:  # the plugin's _should_defer_prefill (sglang_patch/state.py defer)
+            kv_free = self.free_blocks / self.total_blocks if policy.kv_reserve_frac > 0 else 1.0
             d = self.gate.decide(policy, running=running_bs, waiting=len(self.queue), kv_free_frac=kv_free,
-                                 now=now)
-            defer = not (d.allow_prefill or running_bs == 0 or chunked is not None)
+                                 now=now, chunk_in_flight=chunked is not None)
+            defer = not d.allow_prefill
+            hold_new = d.allow_prefill and d.admit_max == 0  # a chunk goes on alone: allocatable is 0
+            if hold_new:
+                self._held = True
+            elif self._held:  # admitting again: the batch_is_full set while the chunk went on alone goes
+                self._held = self.batch_is_full = False
         elif steer:
             self.gate.rest()
         batch, chunks = Batch(), []
         if not defer:
-            self._prefill(batch, chunks, chunked, running_bs, cap, mixed_chunk, now, finished)
+            self._prefill(batch, chunks, chunked, running_bs, 0 if hold_new else cap - running_bs, mixed_chunk,
+                          now, finished)
         if chunks:
             rows = None
             if mixed_chunk and running_bs and self._decode_fits(self.dec):
@@ -100,14 +107,16 @@ class SglangEngine(Engine):
         return batch, self._decode_rows(self._take_decode_pages(self.dec.copy()), batch), chunks
 
     # --- admission: PrefillAdder --------------------------------------------------------------------
-    def _prefill(self, batch: Batch, chunks: list[int], chunked: int | None, running_bs: int, cap: int,
+    def _prefill(self, batch: Batch, chunks: list[int], chunked: int | None, running_bs: int, allocatable: int,
                  mixed_chunk: bool, now: float, finished: list[FinishedRequest]) -> None:
+        """``allocatable``: get_num_allocatable_reqs with the plugin's cap (n_max − running; 0 while a chunk
+        goes on alone)."""
         cfg, page, req = self.cfg, self.page, self.req
         if running_bs == 0:
             self.batch_is_full = False
         if (self.batch_is_full or not self.queue) and chunked is None:
             return
-        if chunked is None and cap - running_bs <= 0:
+        if chunked is None and allocatable <= 0:
             self.batch_is_full = True
             return
         mixed_tokens = running_bs if mixed_chunk else 0
@@ -140,7 +149,7 @@ class SglangEngine(Engine):
         while self.queue:
             if avail - total_off > 0 and avail - cur_off > 0 and (rem_input <= 0 or rem_chunk <= 0):
                 break  # budget_state() == OTHER
-            if running_bs + in_batch + admitted >= cap:
+            if in_batch + admitted >= allocatable:
                 self.batch_is_full = True
                 break
             r = self.queue[0]

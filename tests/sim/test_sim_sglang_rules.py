@@ -150,3 +150,30 @@ def test_eb_policy_gates_prefill_and_caps_running():
     # the first request leaves after step 2: 1 free slot < k = 3, so steps 3.. decode with 2 waiting
     assert reps[2].kind is BatchKind.DECODE and reps[2].waiting == 2 and reps[3].kind is BatchKind.DECODE
     assert all(r.running <= 4 for r in reps) and all(r.kind is not BatchKind.MIXED for r in reps)
+
+
+def test_a_chunk_in_flight_goes_on_alone_while_the_gate_holds():
+    # eb k = 4 on 4 slots, a 64-token chunk budget. Step 1 (nothing runs): A, B and 44 tokens of C's 200.
+    # A (1 token out) leaves. Step 2: the queue is empty (the gate rests in DECODE), C goes on (64).
+    # D and E arrive. Steps 3-4: 1 row runs, 3 free < k: the gate would hold, but a chunk is in flight:
+    # it goes on alone (CHUNK_IN_FLIGHT, the plugin's allocatable 0): 64, then C's last 28 with 36 tokens of
+    # budget left that D and E may not take. Step 5: no chunk, 2 free < k: held, a decode step.
+    eng = _engine(token_budget=64)
+    eng.policy = Policy(mode=Mode.EB, k=4, n_max=4, ttl_s=math.inf, max_defer_s=math.inf)
+    for inp, out in ((10, 1), (10, 50), (200, 50)):
+        eng.add(inp, out, 0.0)
+    reps = _run(eng, 2)
+    assert [(r.prefill_reqs, r.prefill_tokens) for r in reps] == [(3, 64), (1, 64)]
+    for _ in range(2):
+        eng.add(5, 50, 2.0)
+    reps += _run_from(eng, 2, 3)
+    assert [(r.prefill_reqs, r.prefill_tokens) for r in reps[2:4]] == [(1, 64), (1, 28)]
+    assert reps[4].kind is BatchKind.DECODE and reps[4].waiting == 2
+    # without a policy (stock sglang) the 36 tokens left in step 4 admit D and E
+    stock = _engine(token_budget=64)
+    for inp, out in ((10, 1), (10, 50), (200, 50)):
+        stock.add(inp, out, 0.0)
+    _run(stock, 2)
+    for _ in range(2):
+        stock.add(5, 50, 2.0)
+    assert [r.prefill_reqs for r in _run_from(stock, 2, 2)] == [1, 3]
