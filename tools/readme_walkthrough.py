@@ -62,6 +62,10 @@ PLAN: dict[str, Step] = {
     "python tools/sim_table.py --requests 3000": Step("run", timeout=600, expect="prefill-heavy", slow=True,
                                                       why="about a minute of simulation; --all runs it"),
     "python tools/bench_core.py": Step("run", timeout=120, expect="p50"),
+    "python tools/gate_clock.py": Step("run", timeout=600, expect="threshold caused", slow=True,
+                                       why="about 30 s of simulation (24 runs); --all runs it"),
+    "python tools/gate_clock.py --requests 8000 --concurrency 2048 --seed 0": Step(
+        "skip", why="the same command as `python tools/gate_clock.py`, with its defaults spelled out"),
     "python tools/bench_daemon.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),
     "python tools/bench_link.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 35 s")),
     "python tools/bench_sim.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),

@@ -138,7 +138,7 @@ def test_garbage_on_every_socket_is_counted_and_the_daemon_lives(spawn):
         wait_for(lambda: (c := d.status()["daemon"]["counters"])["received"] == 1
                  and sum(c["rejected"].values()) == 11, what="reports counted")
         c = d.status()["daemon"]["counters"]
-        assert c["rejected"] == {"malformed": 8, "version": 1, "validation": 2}
+        assert c["rejected"] == {"malformed": 8, "version": 1, "validation": 2, "duplicate": 0}
 
         req = ctx.socket(zmq.REQ)
         req.connect(d.cfg.endpoint("control"))
@@ -209,7 +209,12 @@ def test_tune_and_reload_refuse_bad_values_and_keep_the_running_config(spawn, tm
     write_config(d.cfg_path, tmp / "rt", controller={"window": 300, "mode": "eb"})
     os.kill(d.proc.pid, signal.SIGHUP)  # SIGHUP = reload
     wait_for(lambda: d.request("config").data["controller"]["window"] == 300, what="SIGHUP reload")
-    wait_for(lambda: (p := link.policy(time.monotonic())) and p.mode is Mode.EB, what="eb policy after reload")
+    # The file changed window (the file wins over the tuned 120), not mode (eb before and after): the tuned
+    # mb stays, and status says so.
+    assert d.request("config").data["controller"]["mode"] == "mb"
+    assert d.status()["daemon"]["tuned"] == {"controller.mode": "mb"}
+    assert d.request("tune", updates={"controller.mode": "eb"}).ok
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.mode is Mode.EB, what="eb policy after tune")
     write_config(d.cfg_path, tmp / "rt", daemon={"metrics_port": 9999}, controller={"window": 300})
     rep = d.request("reload")
     assert rep.ok and rep.data["needs_restart"] == ["daemon.metrics_port"]
