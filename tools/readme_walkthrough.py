@@ -69,6 +69,12 @@ PLAN: dict[str, Step] = {
     "python tools/bench_daemon.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),
     "python tools/bench_link.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 35 s")),
     "python tools/bench_sim.py": Step("run", timeout=300, slow=True, why=SLOW.format(s="about 40 s")),
+    "python tools/sim_vs_paper.py": Step("run", timeout=900, expect="Table 13", slow=True,
+                                         why=SLOW.format(s="about 4 minutes of simulation")),
+    "python tools/sim_vs_real.py": Step("skip", "starts the real sglang server twice and measures for about 10 "
+                                        "minutes (tools/sglang_env.sh's environment, a quiet machine)"),
+    "python tools/sim_vs_real.py --quick": Step("skip", "the real sglang CPU server, 2-3 minutes; "
+                                                "tests/sglang/test_sim_vs_real.py runs it"),
     "python tools/bench_hook.py --rounds 2": Step("skip", "starts the real sglang server six times (the "
                                                   "environment of tools/sglang_env.sh; many minutes)"),
     "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
