@@ -113,13 +113,14 @@ def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
     """The named cost model for a profile.
 
     ``profile`` (default): what the profile carries for the simulator, in this order: ``sim.iteration_costs``
-    (whole-iteration periods calibrated on a real engine, ``ebctl.sim.calibrate``); else the end-to-end GPU
-    model (``ebctl.sim.gpucost``) of its kernel coefficients with the engine overheads of ``sim.overheads``,
-    or, for the built-in Qwen3-8B profiles, those fitted to the paper's measurements
-    (``ebctl/data/sim_overheads.json``, ``ebctl.sim.paperfit``), else none (kernels only, said in
-    :func:`describe`). ``kernels``: that model without overheads. ``iteration``: the profile's
-    ``iteration_costs`` (the daemon's fit of forward passes: the engine's overheads outside the forward are
-    missing, so it predicts too fast). ``linear``: the paper's α/β as written."""
+    (whole-iteration periods calibrated on a real engine, ``ebctl.sim.calibrate``); the end-to-end GPU model
+    (``ebctl.sim.gpucost``) of its kernel coefficients with the engine overheads of ``sim.overheads`` or, for
+    the built-in Qwen3-8B profiles, those fitted to the paper's measurements (``ebctl/data/sim_overheads.json``,
+    ``ebctl.sim.paperfit``); the profile's ``iteration_costs`` (``ebctl tune calibrate``'s forward-pass fit);
+    else the GPU model without overheads (kernels only, said in :func:`describe`). ``kernels``: that model
+    without overheads. ``iteration``: the profile's ``iteration_costs`` (the daemon's fit of forward passes:
+    the engine's overheads outside the forward are missing, so it predicts too fast). ``linear``: the paper's
+    α/β as written."""
     from ebctl.sim import gpucost, paperfit  # they import this module
 
     if kind == "linear":
@@ -138,16 +139,18 @@ def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
         except msgspec.ValidationError as e:
             raise ValueError(f"profile {profile.name!r}: sim.iteration_costs: {e}") from None
         return IterationCostModel(ic, name="iteration-costs (period)")
+    fitted = paperfit.stored().get(profile.gpu) if profile.name in paperfit.GPUS.values() else None
+    ic = getattr(profile, "iteration_costs", None)
+    if kind == "profile" and not sim.get("overheads") and fitted is None and ic is not None:
+        return IterationCostModel(ic, name="iteration-costs (forward: the time outside the forward is missing)")
     overheads, name = gpucost.Overheads(), "kernels only"
     if kind == "profile" and sim.get("overheads"):
         try:
             overheads, name = gpucost.Overheads(**sim["overheads"]), "engine (profile's overheads)"
         except (TypeError, ValueError) as e:
             raise ValueError(f"profile {profile.name!r}: sim.overheads: {e}") from None
-    elif kind == "profile" and profile.name in paperfit.GPUS.values():
-        fitted = paperfit.stored().get(profile.gpu)
-        if fitted is not None:
-            overheads, name = fitted, "engine (overheads fitted to the paper)"
+    elif kind == "profile" and fitted is not None:
+        overheads, name = fitted, "engine (overheads fitted to the paper)"
     cm = gpucost.EngineCostModel.kernels(profile.costs, model_name=profile.model, gpu=profile.gpu,
                                          decode_attention_ms=tuple(profile.decode_attention_ms),
                                          overheads=overheads, layers=layers, prefill_attention=prefill_attention)

@@ -109,3 +109,12 @@ def test_which_model_a_profile_gets(h200):
     assert costs.describe(costs.build(profiles.load("llama-3.1-8b/h200")))["name"] == "kernels only"
     with pytest.raises(ValueError, match="cost model"):
         costs.build(h200, "magic")
+
+
+def test_a_profile_from_tune_calibrate_is_priced_with_its_iteration_costs():
+    ic = IterationCosts(prefill=PhaseCost(intercept_s=1e-3), decode=PhaseCost(intercept_s=2e-3))
+    prof = profiles.Profile(name="calibrated-dp0", model="m", gpu="g", costs=profiles.load("qwen3-8b/h200").costs,
+                            iteration_costs=ic)
+    cm = costs.build(prof)
+    assert isinstance(cm, costs.IterationCostModel) and "forward" in cm.name
+    assert cm.step_time(_decode(100, 3)) == pytest.approx(2e-3)
