@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ebctl.controller import ControllerParams
-from ebctl.sbs.types import SbsParams
+from ebctl.sbs.types import SbsParams, parse_ranks
 
 DEFAULT_PATH = "/etc/ebctl/ebctl.toml"
 
@@ -173,6 +173,10 @@ _DISPATCH_SPECS: dict[str, Spec] = {
                          0, 10_000_000),
     "n_limit": Spec(int, "N_limit: cycles a request may be left behind before it counts as overload", 0, 1_000_000),
     "iqr_k": Spec(float, "k of Algorithm 3's outlier mask Q3 + k·(Q3 − Q1) on decode KV loads", 0.0, 100.0),
+    "drain_ranks": Spec(str, "DP ranks SBS sends no new request to, comma-separated ('1,3'), e.g. to drain one; "
+                             "requests that name their rank still go there; empty: none"),
+    "poll_s": Spec(float, "how often the DP controller reads the ranks' load snapshots while it holds or has sent "
+                          "requests (s): how late it sees an end of forward", 1e-4, 1.0),
 }
 
 SPECS: dict[str, Spec] = {**{f"daemon.{k}": v for k, v in _DAEMON_SPECS.items()},
@@ -225,6 +229,11 @@ class Config:
         if c.min_window > c.window:
             raise ConfigError(f"controller.min_window={c.min_window} > controller.window={c.window}: "
                               "allowed: min_window <= window")
+        try:
+            parse_ranks(self.dispatch.drain_ranks)
+        except ValueError as e:
+            raise ConfigError(f"dispatch.drain_ranks={self.dispatch.drain_ranks!r}: {e}; allowed: DP rank ids "
+                              "separated by commas, e.g. '1,3'") from None
         if self.daemon.republish_s >= c.ttl_s:
             raise ConfigError(f"daemon.republish_s={self.daemon.republish_s} >= controller.ttl_s={c.ttl_s}: "
                               "policies would expire between re-sends; allowed: republish_s < ttl_s")

@@ -107,6 +107,12 @@ class ReleaseClock:
             self.t_fwd = sum(self._times) / len(self._times)
         self.mark_ready(target, quiescent=quiescent)
 
+    def set_forward_time(self, t_fwd_s: float) -> None:
+        """T̄_fwd measured elsewhere (the plugin: the daemon's windowed mean of the ranks' reported forward
+        times, which the DP controller cannot see); ignored unless finite and > 0."""
+        if math.isfinite(t_fwd_s) and t_fwd_s > 0:
+            self.t_fwd = t_fwd_s
+
     def mark_ready(self, target: int, *, quiescent: bool = False) -> None:
         """The target is ready (EndForward); ``quiescent``: it reported zero tasks, so it is due at once."""
         st = self._state.get(target)
@@ -124,6 +130,16 @@ class ReleaseClock:
         self._next = order.index(current) if current in self._state else 0
 
     # ---- the dual trigger -----------------------------------------------------------------------------
+
+    @property
+    def lost(self) -> list[int]:
+        """Targets in the watchdog's fixed-interval mode (silent since a release, not reported again)."""
+        return [t for t in self._order if self._state[t].lost]
+
+    def released_at(self, target: int) -> float:
+        """When ``target`` was last released to (−inf: never)."""
+        st = self._state.get(target)
+        return -math.inf if st is None else st.released_at
 
     @property
     def target(self) -> int | None:

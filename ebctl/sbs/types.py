@@ -44,3 +44,18 @@ class SbsParams:
     chunk_tokens: int = 0  # C_chunk of Algorithm 2 per rank and forward; 0: the engine's chunked prefill size
     n_limit: int = 10  # N_limit of Algorithm 2: a request left behind more cycles is an overload event
     iqr_k: float = 1.5  # k of Algorithm 3: Th_outlier = Q3 + k·(Q3 − Q1)
+    drain_ranks: str = ""  # DP ranks SBS sends no new request to, comma-separated ("1,3"); "" none
+    poll_s: float = 0.001  # the DP controller reads the ranks' load snapshots this often while it holds requests
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """``drain_ranks`` ("1, 3") as sorted unique rank ids; ValueError naming the bad item."""
+    out = set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit():
+            raise ValueError(f"{item!r} is not a DP rank (an integer >= 0)")
+        out.add(int(item))
+    return tuple(sorted(out))

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ebctl.sbs.interval import ReleaseClock
-from ebctl.sbs.pbaa import InFlight, Job, allocate, capacity
+from ebctl.sbs.dispatcher import Dispatcher
 from ebctl.sbs.types import RankLoad, SbsParams
 from ebctl.sim.dp.ranks import Req
 
@@ -81,69 +80,45 @@ class TotalTokens(RoundRobin):
 
 
 class Sbs:
-    """Staggered batch scheduling: buffer, release on the dual trigger (``ReleaseClock``), place by PBAA
-    (``allocate``) over the ranks of the target instance with C_avail = chunk − in flight − queued.
+    """Staggered batch scheduling on the shared core (``ebctl.sbs.dispatcher.Dispatcher``: the buffer, the
+    dual trigger of ``ReleaseClock``, PBAA over the ranks of the target instance with C_avail = chunk − in
+    flight − queued), the same code the SGLang DP-controller plugin runs. Here a forward's duration is
+    known, so it feeds T̄_fwd itself, and a send is acknowledged by the first forward that started after it.
 
     ``instances``: the rank ids of each instance (plain DP: one rank each; DP attention: all in one)."""
 
     name = "sbs"
 
     def __init__(self, instances: list[list[int]], chunk: int, params: SbsParams | None = None) -> None:
-        self.params = params or SbsParams()
-        self.instances, self.chunk = instances, chunk
-        self.clock = ReleaseClock.from_params(range(len(instances)), self.params)
-        self.queued = {r: 0 for ranks in instances for r in ranks}  # R_queued from the latest snapshots
-        self.in_flight = InFlight()
-        self.pending: list[Job] = []
-        self.new: list[Job] = []
+        self.core = Dispatcher(instances, chunk, params)
+        self.params, self.instances, self.chunk = self.core.params, instances, chunk
+        self.clock = self.core.clock
         self.reqs: dict[int, Req] = {}
-        self.overloaded: set[int] = set()  # requests left behind more than N_limit cycles
-        self.blocked = False  # the last release found no room anywhere: wait for an end of forward
 
     @property
     def buffered(self) -> int:
-        return len(self.pending) + len(self.new)
+        return self.core.buffered
+
+    @property
+    def overloaded(self) -> set[int]:
+        return self.core.overloaded
 
     def arrive(self, req: Req, now: float) -> Sends:
         self.reqs[req.id] = req
-        self.new.append(Job(req.id, req.tokens))
+        self.core.arrive(req.id, req.tokens)
         return []
 
     def end_forward(self, iid: int, started: float, now: float, loads: list[RankLoad]) -> None:
         for load in loads:
-            self.queued[load.rank] = load.queued_tokens
-            self.in_flight.ack(load.rank, started)  # the forward received everything sent by its start
-        self.clock.end_forward(iid, now - started, quiescent=all(load.quiescent for load in loads))
-        self.blocked = False
+            self.core.observe(load)
+            self.core.ack(load.rank, started)  # the forward received everything sent by its start
+        self.core.ready(iid, quiescent=all(load.quiescent for load in loads), duration_s=now - started)
 
     def release(self, now: float) -> Sends:
-        sends: Sends = []
-        for _ in range(self.clock.n_active):  # skip targets without room, at most once round
-            if not self.buffered:
-                break
-            target = self.clock.due(now)
-            if target is None:
-                break
-            avail = {r: capacity(self.chunk, self.in_flight.tokens(r), self.queued[r])
-                     for r in self.instances[target]}
-            alloc = allocate(self.pending, self.new, avail, n_limit=self.params.n_limit)
-            if not alloc.assigned:
-                self.clock.skip(target)
-                self.blocked = True
-                continue
-            for jid, rank in alloc.assigned:
-                req = self.reqs.pop(jid)
-                self.in_flight.send(rank, req.tokens, now)
-                sends.append((req, rank))
-            self.pending, self.new = list(alloc.left), []
-            self.overloaded.update(alloc.overloaded)
-            self.clock.release(target, now)
-            self.blocked = False
-            break
-        return sends
+        return [(self.reqs.pop(jid), rank) for jid, rank in self.core.release(now).sends]
 
     def next_check(self, now: float) -> float:
-        return self.clock.next_check(now) if self.buffered and not self.blocked else math.inf
+        return self.core.next_check(now)
 
 
 def make(name: str, instances: list[list[int]], chunk: int, params: SbsParams | None = None):
