@@ -36,6 +36,7 @@ from ebctl import security
 from ebctl.protocol import (
     ControlReply,
     ControlRequest,
+    DispatchReport,
     IterationReport,
     Policy,
     ProtocolError,
@@ -86,7 +87,10 @@ class EngineLink:
 
     def __init__(self, engine_id: str, *, telemetry_endpoint: str, policy_endpoint: str, queue: int = 1000,
                  curve_client_key: str = "", curve_server_public: str = "", insecure: bool = False,
-                 context: zmq.Context | None = None, flush_s: float = 0.005) -> None:
+                 context: zmq.Context | None = None, flush_s: float = 0.005,
+                 policy_type: type = Policy) -> None:
+        """``policy_type``: what arrives under this id (``Policy``; the DP controller's dispatcher:
+        ``DispatchPolicy``); any struct with ``engine_id``, ``version``, ``issued_at`` and ``ttl_s``."""
         if not engine_id or "\0" in engine_id or len(engine_id) > 128:
             raise ValueError(f"engine_id={engine_id!r}: 1..128 characters, no NUL")
         if queue < 1:
@@ -116,14 +120,15 @@ class EngineLink:
             if self._own_ctx:
                 self._ctx.term()
             raise
-        self._policy: Policy | None = None
+        self._policy_type = policy_type
+        self._policy: Any = None
         self._received_at = 0.0
         self._expires_at = 0.0
         self.sent = self.dropped = self.policies = self.unencodable = 0
         self.rejected = {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0}
         self._closed = False
         self._queue = queue
-        self._outbox: collections.deque[IterationReport | tuple] = collections.deque()
+        self._outbox: collections.deque[IterationReport | DispatchReport | tuple] = collections.deque()
         self._inbox: collections.deque[bytes] = collections.deque(maxlen=_POLICY_RCVHWM)
         self._flush_ms = max(1, round(flush_s * 1000))
         self._stop = threading.Event()
@@ -131,11 +136,11 @@ class EngineLink:
         self._io.start()
 
     @classmethod
-    def from_config(cls, cfg: Config, engine_id: str) -> EngineLink:
+    def from_config(cls, cfg: Config, engine_id: str, *, policy_type: type = Policy) -> EngineLink:
         d = cfg.daemon
         return cls(engine_id, telemetry_endpoint=cfg.endpoint("telemetry"), policy_endpoint=cfg.endpoint("policy"),
                    curve_client_key=d.curve_client_key, curve_server_public=d.curve_server_key,
-                   insecure=d.insecure)
+                   insecure=d.insecure, policy_type=policy_type)
 
     def _socket(self, kind: int, curve: bool, client_key: str, server_public: str, made: list[zmq.Socket]
                 ) -> zmq.Socket:
@@ -147,8 +152,8 @@ class EngineLink:
             security.apply_client(s, client_key, server_public)
         return s
 
-    def report(self, report: IterationReport) -> bool:
-        """Queue one iteration report for the daemon; False (dropped, counted) if the queue is full."""
+    def report(self, report: IterationReport | DispatchReport) -> bool:
+        """Queue one report for the daemon; False (dropped, counted) if the queue is full."""
         if len(self._outbox) >= self._queue or self._closed:
             self.dropped += 1
             return False
@@ -226,7 +231,7 @@ class EngineLink:
     def _accept(self, frame: bytes, now: float) -> None:
         self.policies += 1
         try:
-            p: Policy = decode(memoryview(frame)[len(self._topic):], Policy)
+            p = decode(memoryview(frame)[len(self._topic):], self._policy_type)
         except ProtocolError as e:
             self._count_rejected(reject_reason(e), e)
             return

@@ -131,6 +131,78 @@ class Policy(msgspec.Struct, frozen=True, tag="policy", kw_only=True):
         return now >= self.issued_at + self.ttl_s
 
 
+class DispatchPolicy(msgspec.Struct, frozen=True, tag="dispatch", kw_only=True):
+    """Daemon → the DP controller's dispatcher (staggered batch scheduling, ``ebctl.sbs``): what to do until
+    ``ttl_s`` after it arrived (then: sglang's own dispatch). Published under the dispatcher's id
+    (``<prefix>/dispatch``, or ``dispatch``), like an engine's policy."""
+
+    v: int = PROTOCOL_VERSION
+    engine_id: str = ""  # the dispatcher's id
+    version: int = 0
+    issued_at: float = 0.0
+    ttl_s: float = 10.0
+    mode: str = "off"  # "sbs": buffer and release; "off": sglang's own --load-balance-method
+    t_fwd_s: float = 0.1  # T̄_fwd: mean forward time of the ranks (Algorithm 1), from their reports
+    t_fwd_by_rank: dict[int, float] = {}  # each rank's windowed mean (ranks that reported a forward)
+    interval_s: float = math.nan  # I_opt = (T̄_fwd + L_net)/N_active for the dispatcher's last reported topology
+    l_net_s: float = 0.001
+    watchdog_factor: float = 5.0
+    fixed_interval_s: float = 0.0
+    chunk_tokens: int = 0  # C_chunk; 0: the engine's chunked prefill size
+    n_limit: int = 10
+    iqr_k: float = 1.5
+    drain_ranks: tuple[int, ...] = ()
+    poll_s: float = 0.001
+    reason: str = ""
+
+
+class RankDispatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One DP rank as the dispatcher sees it: what it sent there (cumulative) and the rank's latest snapshot."""
+
+    rank: int
+    sent_reqs: int = 0
+    sent_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    queued_tokens: int = 0
+    used_tokens: int = 0
+    in_flight_tokens: int = 0
+
+
+class DispatchReport(msgspec.Struct, frozen=True, tag="dispatch_report", kw_only=True):
+    """The DP controller's dispatcher → daemon, every half second: its state for status and metrics."""
+
+    v: int = PROTOCOL_VERSION
+    engine_id: str  # the dispatcher's id
+    instance: str = ""
+    seq: int = 0
+    wall_time: float = 0.0
+    state: str = "stock"  # "sbs": holding and releasing; "stock": sglang's own dispatch; "failed": plugin off
+    reason: str = ""  # why stock (no policy, expired, off, no rank, ...) or the failure
+    policy_version: int = -1
+    layout: str = "plain"  # "plain" (a target per rank), "attention" (one lockstep target), "decode"
+    ranks: int = 0
+    targets: int = 0
+    chunk_tokens: int = 0
+    buffered: int = 0  # requests held now
+    buffered_max: int = 0  # ... at most, since the previous report
+    arrived: int = 0  # cumulative counts: buffered on arrival,
+    released: int = 0  # sent by a release,
+    releases: int = 0  # releases made,
+    passed: int = 0  # sent by sglang's own dispatch without buffering (not SBS's, or SBS off),
+    overloaded: int = 0  # left behind more than N_limit releases, then sent by sglang's own dispatch,
+    flushed: int = 0  # sent by sglang's own dispatch when SBS stopped or before a control message,
+    aborted: int = 0  # sent at once because an abort named them
+    hold_mean_s: float = math.nan  # time in the buffer of the requests released since the previous report
+    hold_max_s: float = math.nan
+    interval_s: float = math.nan  # I_opt in force
+    t_fwd_s: float = math.nan
+    watchdog_fired: int = 0
+    lost: int = 0  # targets in the watchdog's fixed-interval mode now
+    load_spread: float = math.nan  # busiest rank's tokens sent over the mean rank's, since the previous report
+    rank: tuple[RankDispatch, ...] = ()
+
+
 class ControlRequest(msgspec.Struct, frozen=True, tag="req", kw_only=True):
     """CLI → daemon over REQ/REP. ``op`` in CONTROL_OPS; ``args`` depends on it."""
 
@@ -148,12 +220,15 @@ class ControlReply(msgspec.Struct, frozen=True, tag="rep", kw_only=True):
 
 CONTROL_OPS = ("status", "tune", "reload", "calibrate", "shutdown", "config")
 
-Message = IterationReport | Policy | ControlRequest | ControlReply
+Message = IterationReport | Policy | ControlRequest | ControlReply | DispatchPolicy | DispatchReport
+Telemetry = IterationReport | DispatchReport  # what arrives on the daemon's telemetry socket
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {
-    t: msgspec.msgpack.Decoder(t) for t in (IterationReport, Policy, ControlRequest, ControlReply)
+    t: msgspec.msgpack.Decoder(t) for t in (IterationReport, Policy, ControlRequest, ControlReply, DispatchPolicy,
+                                            DispatchReport)
 }
+_decoders[Telemetry] = msgspec.msgpack.Decoder(Telemetry)
 
 
 def encode(msg: Message) -> bytes:
@@ -195,11 +270,44 @@ def _validate_policy(p: Policy) -> None:
         raise ProtocolError("issued_at must be finite")
 
 
-_VALIDATORS = {IterationReport: _validate_report, Policy: _validate_policy}
+def _validate_dispatch_policy(p: DispatchPolicy) -> None:
+    if p.mode not in ("off", "sbs"):
+        raise ProtocolError(f"mode={p.mode!r}: must be 'off' or 'sbs'")
+    for name in ("ttl_s", "l_net_s", "fixed_interval_s", "iqr_k"):
+        _finite_nonneg(name, getattr(p, name))
+    if not (math.isfinite(p.t_fwd_s) and p.t_fwd_s > 0) or not (math.isfinite(p.poll_s) and p.poll_s > 0):
+        raise ProtocolError(f"t_fwd_s={p.t_fwd_s!r}, poll_s={p.poll_s!r}: both must be finite and > 0")
+    if not (math.isfinite(p.watchdog_factor) and p.watchdog_factor >= 1):
+        raise ProtocolError(f"watchdog_factor={p.watchdog_factor!r}: must be >= 1")
+    if p.chunk_tokens < 0 or p.n_limit < 0 or any(r < 0 for r in p.drain_ranks):
+        raise ProtocolError(f"chunk_tokens={p.chunk_tokens}, n_limit={p.n_limit}, drain_ranks={p.drain_ranks}: "
+                            "must be >= 0")
+    if not math.isfinite(p.issued_at):
+        raise ProtocolError("issued_at must be finite")
 
 
-def decode(data: bytes, kind: type[Message]) -> Any:
-    """Decode and validate one frame as ``kind``; raise ProtocolError on anything wrong."""
+def _validate_dispatch_report(r: DispatchReport) -> None:
+    if not r.engine_id or len(r.engine_id) > 128:
+        raise ProtocolError("engine_id must be 1..128 characters")
+    if len(r.rank) > 4096:
+        raise ProtocolError(f"{len(r.rank)} ranks: at most 4096")
+    for name in ("seq", "ranks", "targets", "buffered", "arrived", "released", "releases", "passed",
+                 "overloaded", "flushed", "aborted", "watchdog_fired", "lost"):
+        if getattr(r, name) < 0:
+            raise ProtocolError(f"{name}={getattr(r, name)}: must be >= 0")
+
+
+def _validate_telemetry(m: IterationReport | DispatchReport) -> None:
+    (_validate_report if type(m) is IterationReport else _validate_dispatch_report)(m)
+
+
+_VALIDATORS = {IterationReport: _validate_report, Policy: _validate_policy, DispatchPolicy: _validate_dispatch_policy,
+               DispatchReport: _validate_dispatch_report, Telemetry: _validate_telemetry}
+
+
+def decode(data: bytes, kind: Any) -> Any:
+    """Decode and validate one frame as ``kind`` (a message type, or ``Telemetry``: either report); raise
+    ProtocolError on anything wrong."""
     try:
         msg = _decoders[kind].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -207,7 +315,7 @@ def decode(data: bytes, kind: type[Message]) -> Any:
         v = _peek_version(data)
         if v is not None and v != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {v} (this side speaks {PROTOCOL_VERSION})") from e
-        raise ProtocolError(f"malformed {kind.__name__}: {e}") from e
+        raise ProtocolError(f"malformed {getattr(kind, '__name__', 'telemetry frame')}: {e}") from e
     if msg.v != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {msg.v} (this side speaks {PROTOCOL_VERSION})")
     validate = _VALIDATORS.get(kind)

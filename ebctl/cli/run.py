@@ -57,6 +57,20 @@ def engine_command(engine: Engine, cfg_path: str, args: Sequence[str]) -> tuple[
     return _sim_engine_cmd(cfg_path, args), env
 
 
+SNAPSHOT_FLAG = "--load-snapshot-publish-interval"
+
+
+def engine_args_for(engine: Engine, cfg: Config, args: Sequence[str]) -> list[str]:
+    """The engine's arguments as ``start`` passes them: with SBS on (``dispatch.mode = sbs``), sglang's ranks
+    publish their load snapshot after every forward (``--load-snapshot-publish-interval 1``; sglang's default,
+    15, shows the DP controller a decode step's end only every 15 steps), unless the arguments set it."""
+    args = list(args)
+    if engine is Engine.SGLANG and cfg.dispatch.mode == "sbs" and \
+            not any(a == SNAPSHOT_FLAG or a.startswith(SNAPSHOT_FLAG + "=") for a in args):
+        args += [SNAPSHOT_FLAG, "1"]
+    return args
+
+
 def daemon_command(cfg: Config, g: Globals, restarts: int) -> list[str]:
     """The daemon's command line under ``ebctl start``: the operator's own config file (so that ``reload``
     and SIGHUP re-read what the operator edits) and ``--set`` flags; on a restart, the restart count and
@@ -85,7 +99,7 @@ def start(
     """Start the daemon and an engine wired to it. A daemon that dies is restarted and the engine keeps
     serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both."""
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
-    engine_cmd, engine_env = engine_command(engine, str(cfg_file), list(engine_args or []))
+    engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, engine_args or []))
     from ebctl import security
 
     try:

@@ -122,6 +122,8 @@ def full_view(data: dict[str, Any]) -> Group:
     parts: list[Any] = [engine_view(eid, st) for eid, st in sorted(engines.items())]
     if not engines:
         parts.append("[dim]no engine has reported yet[/dim]")
+    for did, st in sorted((data.get("dispatchers") or {}).items()):
+        parts.append(pairs_grid(f"dispatcher {did}", [(k, fmt(v)) for k, v in _flatten(st)]))
     return Group(daemon_t, *parts)
 
 
@@ -286,6 +288,36 @@ def summary_table(engines: dict[str, Any]) -> Table:
     return t
 
 
+def _ms(x: Any) -> str:
+    return "—" if not isinstance(x, int | float) or not math.isfinite(x) else f"{1e3 * x:.3g} ms"
+
+
+def dispatcher_lines(did: str, st: dict[str, Any]) -> list[Text]:
+    """A DP controller's dispatcher (SBS) in four or five rows: its state, the buffer, the release clock, each
+    rank (requests sent, tokens in flight), and what went through sglang's own dispatch, and why."""
+    state = str(st.get("state", "?"))
+    pol = st.get("policy") if isinstance(st.get("policy"), dict) else {}
+    head = _line(("dispatcher ", "bold"), (did, "bold cyan"), " · ",
+                 (state, "bold" if state == "sbs" else "yellow"),
+                 f" · policy v{pol.get('version', '—')} · {st.get('layout', '?')}, {num(st.get('ranks'))} ranks · "
+                 f"last report {age(st.get('last_report_age_s'))} ago")
+    held = _line(("  held  ", "cyan"), f"{num(st.get('buffered'))} (max {num(st.get('buffered_max'))}) · released "
+                 f"{num(st.get('released'))} in {num(st.get('releases'))} · wait {_ms(st.get('hold_mean_s'))} "
+                 f"(max {_ms(st.get('hold_max_s'))})")
+    clock = _line(("  clock ", "cyan"), f"I_opt {_ms(st.get('interval_s'))} · T̄_fwd {_ms(st.get('t_fwd_s'))} · "
+                  f"watchdog {num(st.get('watchdog_fired'))}, lost {num(st.get('lost'))} · spread "
+                  f"{num(st.get('load_spread'))}")
+    ranks = st.get("rank") if isinstance(st.get("rank"), list) else []
+    per = " · ".join(f"{r[0]}: {num(r[1])} sent, {num(r[7])} tok in flight"
+                     for r in ranks if isinstance(r, list | tuple) and len(r) >= 8)
+    rows = [head, held, clock, _line(("  ranks ", "cyan"), per or "—")]
+    stock = [f"{k} {num(st[k])}" for k in ("passed", "overloaded", "flushed", "aborted") if st.get(k)]
+    if st.get("reason") or stock:
+        rows.append(_line(("  stock ", "cyan"), " · ".join([*stock, str(st.get("reason") or "")]).strip(" ·"),
+                          style="yellow" if state == "failed" else ""))
+    return rows
+
+
 BLOCK_ROWS = 9  # an engine block's height at most (its gate row shows only once the gate has decided)
 
 
@@ -306,4 +338,6 @@ def status_view(data: dict[str, Any], *, full: bool = False, height: int | None 
     else:
         for i, (eid, st) in enumerate(sorted(engines.items())):
             parts += [*([""] if i else []), engine_block(eid, st)]
+    for did, st in sorted((data.get("dispatchers") or {}).items()):  # SBS in a DP controller: a few rows each
+        parts += ["", *dispatcher_lines(did, st)]
     return Group(*parts)

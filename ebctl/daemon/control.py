@@ -57,7 +57,8 @@ class ControlOps:
                   "counters": dataclasses.asdict(self.counters), "engines": len(self.engines),
                   "restarts": self.restarts, "tuned": dict(self.tuned)}
         engines = {eid: self._engine_status(eng, mono) for eid, eng in self.engines.items()}
-        return ControlReply(ok=True, data={"daemon": daemon, "engines": engines})
+        return ControlReply(ok=True, data={"daemon": daemon, "engines": engines,
+                                           "dispatchers": self.dispatch.status(mono)})
 
     def _engine_status(self, eng: Engine, mono: float) -> dict[str, Any]:
         ctl = eng.controller
@@ -178,6 +179,7 @@ class ControlOps:
         changed = {f"{s}.{k}": [v, new.get(f"{s}.{k}")] for s, vals in old.as_dict().items()
                    for k, v in vals.items() if new.get(f"{s}.{k}") != v}
         self.cfg, self.costs, self.cost_source = new, costs, source
+        self.dispatch.set_window(new.dispatch.fwd_window)
         logging.getLogger("ebctl").setLevel(new.daemon.log_level.upper())
         if new.controller != old.controller or "daemon.profile" in changed:
             for eng in self.engines.values():

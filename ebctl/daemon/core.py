@@ -35,6 +35,7 @@ from ebctl.config import Config, ConfigError
 from ebctl.controller import Controller
 from ebctl.daemon import metrics
 from ebctl.daemon.control import ControlOps, load_costs
+from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
 from ebctl.daemon.records import MAX_ENGINES, Counters, Engine
 from ebctl.daemon.shell import DaemonShell
 from ebctl.link import reject_reason, topic
@@ -42,8 +43,10 @@ from ebctl.protocol import (
     CONTROL_OPS,
     ControlReply,
     ControlRequest,
+    DispatchReport,
     IterationReport,
     ProtocolError,
+    Telemetry,
     decode,
 )
 
@@ -63,6 +66,7 @@ class Daemon(ControlOps, DaemonShell):
         self.restarts = restarts
         self.costs, self.cost_source = load_costs(cfg.daemon.profile)
         self.engines: dict[str, Engine] = {}
+        self.dispatch = DispatchSide(window=cfg.dispatch.fwd_window)  # SBS: T̄_fwd per rank, the DP controllers
         self.counters = Counters()
         self.started = time.monotonic()
         self.registry = CollectorRegistry(auto_describe=True)
@@ -77,13 +81,21 @@ class Daemon(ControlOps, DaemonShell):
             self.resume_tuned()
 
     # --- the core: no sockets, testable with bytes ----------------------------------------------------
-    def ingest(self, frame: bytes, now: float, mono: float) -> Engine | None:
-        """decode → observe → update one report; the engine whose policy should be published, or None."""
+    def ingest(self, frame: bytes, now: float, mono: float) -> Engine | DispatchRecord | None:
+        """decode → observe → update one report; the engine (or DP-controller dispatcher) whose policy should be
+        published, or None."""
         try:
-            r: IterationReport = decode(frame, IterationReport)
+            r: IterationReport | DispatchReport = decode(frame, Telemetry)
         except ProtocolError as e:
             self._reject(self.counters.rejected, e, "report")
             return None
+        if type(r) is DispatchReport:
+            rec = self.dispatch.ingest(r, mono)
+            if r.engine_id not in self.dispatch.dispatchers:
+                self._reject(self.counters.rejected, ProtocolError(
+                    f"dispatcher {r.engine_id!r}: not '<prefix>/dispatch' or 'dispatch', or too many"), "report")
+            return rec
+        self.dispatch.forward(r)
         eng = self.engines.get(r.engine_id) or self._new_engine(r.engine_id, mono)
         if eng is None:
             return None

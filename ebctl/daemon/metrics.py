@@ -117,6 +117,58 @@ class DaemonCollector(Collector):
         for kind, n in c.handshake_failed.items():
             hs.add_metric([kind], n)
         yield hs
+        yield from dispatch_metrics(d, mono)
         yield GaugeMetricFamily(f"{PREFIX}_engines", "engine ids known", value=len(engines))
         yield CounterMetricFamily(f"{PREFIX}_daemon_restarts", "times ebctl start restarted the daemon (this one "
                                   "included)", value=d.restarts)
+
+
+# DispatchReport counters exported as ebctl_dispatch_requests{dispatcher, how}
+_DISPATCH_HOW = ("arrived", "released", "passed", "overloaded", "flushed", "aborted")
+
+
+def dispatch_metrics(d: Any, mono: float) -> Iterator[Metric]:
+    """The DP controllers' dispatchers (SBS, ``dispatch.py``): from each one's latest report and policy."""
+    recs = list(d.dispatch.dispatchers.items())
+
+    def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_dispatch_{name}", doc, labels=["dispatcher", *labels])
+
+    sbs = gauge("sbs", "1 while the dispatcher holds and releases requests (SBS), 0 on sglang's own dispatch")
+    buffered = gauge("buffered", "requests held in the dispatcher's buffer now")
+    interval = gauge("interval_seconds", "I_opt = (T̄_fwd + L_net)/N_active in force")
+    t_fwd = gauge("t_fwd_seconds", "T̄_fwd: the ranks' mean forward time the daemon published")
+    spread = gauge("load_spread", "busiest rank's tokens sent over the mean rank's, over the last report period")
+    hold = gauge("hold_mean_seconds", "mean time in the buffer of the requests released in the last report period")
+    lost = gauge("lost_targets", "targets in the watchdog's fixed-interval mode")
+    age = gauge("last_report_age_seconds", "seconds since the dispatcher's last report")
+    in_flight = gauge("rank_in_flight_tokens", "tokens sent to the rank that its load snapshot does not show yet",
+                      "rank")
+    reqs = CounterMetricFamily(f"{PREFIX}_dispatch_requests", "requests by what the dispatcher did with them "
+                               "(arrived: buffered; released: by SBS; passed, overloaded, flushed, aborted: sent by "
+                               "sglang's own dispatch)", labels=["dispatcher", "how"])
+    releases = CounterMetricFamily(f"{PREFIX}_dispatch_releases", "releases made", labels=["dispatcher"])
+    dog = CounterMetricFamily(f"{PREFIX}_dispatch_watchdog_firings", "targets declared lost by the watchdog",
+                              labels=["dispatcher"])
+    sent = CounterMetricFamily(f"{PREFIX}_dispatch_rank_requests", "requests SBS released to each rank",
+                               labels=["dispatcher", "rank"])
+    for did, rec in recs:
+        rep, pol = rec.report, rec.policy
+        age.add_metric([did], mono - rec.last_report)
+        t_fwd.add_metric([did], math.nan if pol is None else pol.t_fwd_s)
+        if rep is None:
+            continue
+        sbs.add_metric([did], 1.0 if rep.state == "sbs" else 0.0)
+        buffered.add_metric([did], rep.buffered)
+        interval.add_metric([did], rep.interval_s)
+        spread.add_metric([did], rep.load_spread)
+        hold.add_metric([did], rep.hold_mean_s)
+        lost.add_metric([did], rep.lost)
+        for how in _DISPATCH_HOW:
+            reqs.add_metric([did, how], getattr(rep, how))
+        releases.add_metric([did], rep.releases)
+        dog.add_metric([did], rep.watchdog_fired)
+        for r in rep.rank:
+            in_flight.add_metric([did, str(r.rank)], r.in_flight_tokens)
+            sent.add_metric([did, str(r.rank)], r.sent_reqs)
+    yield from (sbs, buffered, interval, t_fwd, spread, hold, lost, age, in_flight, reqs, releases, dog, sent)

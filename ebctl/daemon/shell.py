@@ -23,6 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ebctl import security
 from ebctl.config import ConfigError
+from ebctl.daemon.dispatch import DispatchRecord
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Engine
 from ebctl.protocol import ControlReply, encode
 
@@ -175,8 +176,11 @@ class DaemonShell:
             if eng is not None:
                 self._publish(eng, now, mono)
 
-    def _publish(self, eng: Engine, now: float, mono: float) -> None:
+    def _publish(self, eng: Engine | DispatchRecord, now: float, mono: float) -> None:
         """Send the engine's current policy, issued now, with the TTL in force now."""
+        if type(eng) is DispatchRecord:
+            self._publish_dispatch(eng, now, mono)
+            return
         ctl = eng.controller
         pol = msgspec.structs.replace(ctl.policy, issued_at=now, ttl_s=ctl.params.ttl_s)
         try:
@@ -192,14 +196,36 @@ class DaemonShell:
         else:
             self.counters.republished += 1
 
+    def _publish_dispatch(self, rec: DispatchRecord, now: float, mono: float) -> None:
+        """Send a DP controller's SBS policy (``dispatch.py``), computed now from the ranks' forward times."""
+        old = rec.policy.version if rec.policy is not None else None
+        try:
+            pol = self.dispatch.policy(rec, self.cfg, now)
+            frame = rec.topic + encode(pol)
+        except (TypeError, ValueError, msgspec.EncodeError):
+            self.counters.publish_errors += 1
+            log.exception("cannot encode the dispatch policy of %r", rec.dispatcher_id)
+            return
+        self._pub.send(frame)
+        rec.policy, rec.published_at = pol, mono
+        if pol.version != old:
+            self.counters.published += 1
+        else:
+            self.counters.republished += 1
+
     def _publish_changed(self, now: float, mono: float) -> None:
         for eng in self.engines.values():
             if eng.controller.policy.version != eng.published:
                 self._publish(eng, now, mono)
+        for rec in self.dispatch.dispatchers.values():  # after a tune or reload of [dispatch] or the TTL
+            if rec.published_cfg != (self.cfg.dispatch, self.cfg.controller.ttl_s):
+                self._publish_dispatch(rec, now, mono)
 
     def _republish(self, now: float, mono: float) -> None:
         for eng in self.engines.values():
             self._publish(eng, now, mono)
+        for rec in self.dispatch.dispatchers.values():  # T̄_fwd moves with every report: refreshed here
+            self._publish_dispatch(rec, now, mono)
 
     def _count_handshake(self, monitor: zmq.Socket) -> None:
         try:
