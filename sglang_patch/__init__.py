@@ -1,15 +1,18 @@
 """SGLang plugin of ebctl: entry point ``ebctl`` in the group ``sglang.srt.plugins`` (pyproject.toml).
 
 Enabled with ``SGLANG_PLUGINS=ebctl`` (``ebctl start --engine sglang`` sets it, with ``EBCTL_CONFIG``).
-SGLang runs :func:`register` in every process it starts (launcher, scheduler per rank, detokenizer); it
-only registers hooks (``hooks.py``). The config is read and the sockets opened lazily, on the first hook
-call inside a scheduler. Design and fail-open rules: docs/design.md; hook points: tools/sglang_cpu/HOOKS.md.
+SGLang runs :func:`register` in every process it starts (launcher, scheduler per rank, detokenizer, the
+data-parallel controller); it only registers hooks (``hooks.py``; and ``dispatch.py`` where sglang's DP
+controller module is loaded, without importing it anywhere else). The config is read and the sockets opened
+lazily, on the first hook call inside a scheduler (or the DP controller's event loop). Design and fail-open
+rules: docs/design.md; hook points: tools/sglang_cpu/HOOKS.md.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
 TESTED_SGLANG = "0.5.23"  # the hook points were read from and tested against this release only
 
@@ -31,6 +34,10 @@ def register() -> None:
     from sglang_patch.hooks import install
 
     install()
+    if "sglang.srt.managers.data_parallel_controller" in sys.modules:  # the DP controller (and the launcher)
+        from sglang_patch.dispatch import install as install_dispatch
+
+        install_dispatch()
 
 
 def sglang_version() -> str:
