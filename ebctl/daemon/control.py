@@ -44,6 +44,20 @@ def load_costs(profile: str) -> tuple[Costs | None, str]:
     return p.costs, f"profile:{p.name}"
 
 
+def _simulator_costs(eng: Engine) -> dict[str, Any]:
+    """What the simulator needs to predict this engine (``ebctl simulate --profile FILE``): each iteration's
+    whole period (planning, forward and result processing: wall time between consecutive reports), fitted per
+    kind from the recent reports (``ebctl.sim.calibrate``); the forward-only fit misses the engine's own
+    overheads. {} when there are too few consecutive iterations."""
+    from ebctl.sim import calibrate
+
+    cal = calibrate.fit(calibrate.periods([list(eng.recent)]))
+    if all(c is None for c in (cal.costs.prefill, cal.costs.decode)):
+        return {}
+    return {"iteration_costs": msgspec.to_builtins(cal.costs), "fit": cal.summary(),
+            "from": f"periods of the last {len(eng.recent)} reports"}
+
+
 class ControlOps:
     """The control ops of ``Daemon`` (``_op_<name>`` for each op of ``protocol.CONTROL_OPS``)."""
 
@@ -210,7 +224,8 @@ class ControlOps:
         prof = profiles.Profile(name=str(args.get("name") or f"calibrated-{eid}"), model=str(args.get("model", "")),
                                 gpu=str(args.get("gpu", "")), costs=choice.costs,
                                 source=f"ebctl calibrate: online fit of engine {eid} at {when}",
-                                iteration_costs=online.iteration_costs(), fit=online.fit_report())
+                                iteration_costs=online.iteration_costs(), fit=online.fit_report(),
+                                sim=_simulator_costs(self.engines[eid]))
         return ControlReply(ok=True, data=prof.to_dict())
 
     def _op_config(self, args: dict[str, Any], now: float) -> ControlReply:

@@ -105,6 +105,7 @@ class Daemon(ControlOps, DaemonShell):
         if r.seq > eng.last_seq + 1 and eng.last_seq >= 0:
             eng.seq_gaps += r.seq - eng.last_seq - 1
         eng.last_seq, eng.last_report = r.seq, mono
+        eng.recent.append(r)
         try:
             eng.controller.observe(r)
             version = eng.controller.update(now).version

@@ -5,6 +5,7 @@ read by every other module of ``ebctl.daemon``, which import downward only: ``re
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import zmq
@@ -16,6 +17,7 @@ HANDSHAKE_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other", zmq.EVENT_HAN
                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth"}
 
 MAX_ENGINES = 4096  # engine ids beyond this are refused (validation): a bounded daemon, whatever peers send
+RECENT_REPORTS = 4096  # reports kept per engine for `tune calibrate`'s whole-iteration periods
 
 
 @dataclass(slots=True)
@@ -31,6 +33,7 @@ class Engine:
     last_seq: int = -1
     seq_gaps: int = 0  # reports missing from the seq sequence: dropped by the link's full queue, or coalesced
     instance: str = ""  # the reporting process (EngineLink.instance): another one on this id is refused
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_REPORTS))  # IterationReports, in order
     duplicates: int = 0  # reports refused from another process claiming this engine id
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import time
 
+import msgspec
 import numpy as np
 import pytest
 from ebd_helpers import finished, report, write_config
@@ -103,3 +104,29 @@ def test_a_saved_tuned_key_that_no_longer_validates_is_skipped(tmp):
     d = Daemon(config.load(str(path)), resume=True)
     assert d.tuned == {"controller.delta": 0.003}
     assert d.cfg.controller.delta == 0.003 and not math.isclose(d.cfg.controller.theta_max, 7)
+
+
+def test_calibrate_carries_the_whole_iteration_periods_for_the_simulator(core):
+    """The daemon's fit is of forward passes; the simulator needs whole iterations (the gaps between
+    consecutive reports). Reports whose period is 3 ms + 0.2 ms per decode request while the forward is only
+    60% of it: the profile's sim section recovers the period's model, not the forward's."""
+    rng = np.random.default_rng(5)
+    t = 1000.0
+    for seq in range(1500):
+        if seq % 10 == 0:
+            tok = int(rng.integers(100, 2000))
+            period, kind_kw = 0.004 + 2e-6 * tok, {"kind": "prefill", "decode_reqs": 0, "prefill_tokens": tok,
+                                                    "prefill_reqs": 2}
+        else:
+            n = int(rng.integers(4, 64))
+            period, kind_kw = 0.003 + 2e-4 * n, {"decode_reqs": n, "decode_ctx_tokens": n * int(rng.integers(50, 500))}
+        t += period
+        r = report("e0", seq, finished(rng, 50.0, 1), forward_s=0.6 * period, **kind_kw)
+        core.ingest(encode(msgspec.structs.replace(r, wall_time=t)), t, 1.0)
+    reply = control(core, "calibrate")
+    assert reply.ok, reply.error
+    dec = reply.data["sim"]["iteration_costs"]["decode"]
+    assert dec["intercept_s"] == pytest.approx(0.003, rel=0.05)
+    assert dec["decode_req_s"] == pytest.approx(2e-4, rel=0.05)
+    assert reply.data["sim"]["fit"]["decode"]["ok"]
+    assert reply.data["iteration_costs"]["decode"]["decode_req_s"] == pytest.approx(0.6 * 2e-4, rel=0.05)
