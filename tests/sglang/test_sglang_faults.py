@@ -4,7 +4,8 @@ once with the traceback, restores sglang's launch settings, and the server serve
 The fault is injected with the test switch ``engine.fault = "batch_result:40"``: the 40th call of the
 ``process_batch_result`` hook raises *after* the original ran (the case where calling it again would
 process a batch twice). The policy is ``mb`` so that the plugin had changed ``is_mixed_chunk`` (launched
-False) and capped admission when the fault hits. (The dead-daemon faults are in test_sglang_overlap.py.)
+False, mixing allowed by the ``engine.mixed_without_flag`` opt-in: nothing rules mixing out on this server)
+and capped admission when the fault hits. (The dead-daemon faults are in test_sglang_overlap.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ MB = {"controller.mode": "mb", "controller.cold_mode": "mb", "controller.k_overr
 @pytest.fixture(scope="module")
 def rig(sglang_venv, tiny_model, module_workdir):
     r = Rig(sglang_venv, tiny_model, module_workdir, ["--max-running-requests", "16"], daemon=MB,
-            engine={"engine.fault": "batch_result:40"})
+            engine={"engine.fault": "batch_result:40", "engine.mixed_without_flag": "true"})
     yield r
     r.close()
 
