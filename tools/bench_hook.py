@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the test harness: daemon, 
 sys.path.insert(0, str(REPO))
 
 from harness import Daemon, Server, bench  # noqa: E402
+from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 CONFIGS = ("stock", "ebctl off", "ebctl eb")
 TORCH_PINNED = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}  # = harness.ONE_TORCH_CORE
@@ -70,20 +71,6 @@ def describe_torch(env: dict[str, str]) -> str:
         return f"torch pinned: one OpenMP thread ({threads})"
     return f"torch NOT pinned ({threads}): figures include thread contention, not comparable to pinned runs"
 
-
-def sglang_venv(arg: str | None) -> Path:
-    if arg:
-        return Path(arg)
-    p = subprocess.run(["bash", str(REPO / "tools" / "sglang_env.sh")], capture_output=True, text=True, check=True)
-    return Path(p.stdout.strip().splitlines()[-1])
-
-
-def ensure_installed(venv: Path) -> None:
-    code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/")
-    if p.returncode != 0 or not all(x.startswith(str(REPO)) for x in p.stdout.split()):
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "-e",
-                        str(REPO)], check=True)
 
 
 def run_one(config: str, venv: Path, model: Path, work: Path, load: dict, torch: dict[str, str]) -> dict:

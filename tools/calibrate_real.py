@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: daemon, tap, 
 sys.path.insert(0, str(REPO))
 
 from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, engine_config, free_port, post_json, server_env  # noqa: E402
+from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl import profiles  # noqa: E402
 from ebctl.costfit import KINDS, OnlineCosts  # noqa: E402
@@ -59,21 +60,6 @@ SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disa
 WORKLOAD_A = {"input_len": 160, "output_len": 64, "range_ratio": 0.15, "concurrency": 24, "num_prompts": 96}
 WORKLOAD_B = {"input_len": 480, "output_len": 32, "range_ratio": 0.5, "concurrency": 2, "num_prompts": 120}
 
-
-def sglang_venv(arg: str | None) -> Path:
-    if arg:
-        return Path(arg)
-    p = subprocess.run(["bash", str(REPO / "tools" / "sglang_env.sh")], capture_output=True, text=True, check=True)
-    return Path(p.stdout.strip().splitlines()[-1])
-
-
-def ensure_installed(venv: Path) -> None:
-    """This checkout, editable, in the sglang environment (``ebctl start`` runs there)."""
-    code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/")
-    if p.returncode != 0 or not all(x.startswith(str(REPO)) for x in p.stdout.split()):
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "-e",
-                        str(REPO)], check=True)
 
 
 def load_for(venv: Path, url: str, work: Path, seconds: float, wl: dict[str, Any], tag: str) -> dict[str, float]:

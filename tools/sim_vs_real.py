@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO))
 
 import msgspec  # noqa: E402
-from bench_hook import ensure_installed, sglang_venv  # noqa: E402
 from harness import Rig, server_env  # noqa: E402
+from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl.protocol import Mode, Policy  # noqa: E402
 from ebctl.sim import calibrate, costs, policies, runner, workloads  # noqa: E402

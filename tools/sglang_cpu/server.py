@@ -47,6 +47,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+REPO = STUB_DIR.parents[1]
+
+
+def sglang_venv(arg: str | None = None) -> Path:
+    """``arg`` if given, else the cached SGLang CPU environment (``tools/sglang_env.sh`` builds it once)."""
+    if arg:
+        return Path(arg)
+    p = subprocess.run(["bash", str(REPO / "tools" / "sglang_env.sh")], capture_output=True, text=True, check=True)
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_installed(venv: Path) -> None:
+    """This checkout, editable and without dependencies, in the SGLang environment (its servers load the
+    plugin from there)."""
+    code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/")
+    if p.returncode != 0 or not all(x.startswith(str(REPO)) for x in p.stdout.split()):
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                        str(REPO)], check=True)
+
+
 def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for the server: `env` (default os.environ) plus what sglang needs on CPU."""
     out = dict(os.environ if env is None else env)
