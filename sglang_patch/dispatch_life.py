@@ -57,7 +57,7 @@ class DispatchLife:
         chunk = getattr(args, "chunked_prefill_size", None) or 0
         self.server_chunk = chunk if chunk > 0 else int(getattr(args, "max_prefill_tokens", 0) or 16384)
         self.reader = ctl.load_snapshot_reader
-        self.ranks = list(ctl._active_workers)
+        self.ranks = [r for r in ctl._active_workers if ctl.status[r]]
         self.link = EngineLink.from_config(cfg, self.dispatcher_id, policy_type=DispatchPolicy)
         if cfg.engine.trace_dir:  # line-buffered: a test reads it while the server runs
             self.trace = open(os.path.join(cfg.engine.trace_dir, "dispatch.jsonl"), "a", buffering=1)  # noqa: SIM115

@@ -129,7 +129,8 @@ class DispatchState(DispatchLife):
     def refresh(self, mono: float) -> None:
         """The newest policy (None once expired) and sglang's active ranks: apply what changed."""
         p = self.link.policy(mono) if self.link is not None else None
-        ranks = list(self.ctl._active_workers)  # data_parallel_controller.py:340-344 (elastic EP changes it)
+        ctl = self.ctl  # sglang's active ranks (:340-344, elastic EP) that ActiveRanksOutput left up (:280-304)
+        ranks = [r for r in ctl._active_workers if ctl.status[r]]
         if p is self.policy and ranks == self.ranks:
             return
         self.policy, self.ranks = p, ranks

@@ -10,13 +10,16 @@ arrival. Three pieces, each a small pure module (no I/O, no clock: time comes in
 * ``iqr``: where decodes go (Algorithm 3, the IQR mask on KV load, then the lexicographic minimum of
   (batch size, KV load)).
 
-``types`` holds what comes in: a rank's load as sglang's ``LoadSnapshot`` carries it, and the knobs.
+``dispatcher`` puts the three together (the buffer, U_flight, one release at a time) for both callers, the
+simulator and the SGLang DP-controller plugin. ``types`` holds what comes in: a rank's load as sglang's
+``LoadSnapshot`` carries it, and the knobs.
 """
 
+from ebctl.sbs.dispatcher import Dispatcher, Release
 from ebctl.sbs.interval import ReleaseClock
 from ebctl.sbs.iqr import place_decode
 from ebctl.sbs.pbaa import Allocation, InFlight, Job, allocate, capacity
 from ebctl.sbs.types import RankLoad, SbsParams
 
-__all__ = ["Allocation", "InFlight", "Job", "RankLoad", "ReleaseClock", "SbsParams", "allocate", "capacity",
-           "place_decode"]
+__all__ = ["Allocation", "Dispatcher", "InFlight", "Job", "RankLoad", "Release", "ReleaseClock", "SbsParams",
+           "allocate", "capacity", "place_decode"]

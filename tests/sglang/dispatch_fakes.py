@@ -62,6 +62,7 @@ class Ctl:
 
     def __init__(self, ranks: int = 2, fail_routed: bool = False) -> None:
         self._active_workers = list(range(ranks))
+        self.status = [True] * ranks  # ActiveRanksOutput's view
         self.load_snapshot_reader = Reader(ranks)
         self.sent: list[tuple[str, int | None]] = []
         self.controls: list[str] = []

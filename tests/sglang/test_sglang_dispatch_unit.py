@@ -216,6 +216,19 @@ def test_a_drained_rank_gets_nothing(monkeypatch, clock):
     assert not st.holding and "drained" in st.reason
 
 
+def test_a_rank_going_down_rebuilds_the_targets_and_keeps_the_buffer(monkeypatch, clock):
+    ctl = Ctl(ranks=3)
+    st = armed(ctl, monkeypatch, sbs())
+    tick(st)
+    st.core.clock.set_targets([])  # nothing due: the requests stay held
+    for rid in ("a", "b"):
+        ctl.dispatching_with_trace(gen(rid))
+    ctl.status[0] = False  # ActiveRanksOutput: rank 0 down (sglang keeps it in _active_workers)
+    ctl._active_workers = [0, 1]  # elastic EP: rank 2 gone
+    tick(st, 1.0)  # a new dispatcher over rank 1 alone, the held requests carried into it and released there
+    assert st.core.instances == [[1]] and ctl.sent == [("a", 1), ("b", 1)] and not st.reqs
+
+
 def test_decode_layout_places_by_algorithm_3(monkeypatch, clock):
     """B = (5, 1), K = (100, 100); requests of 30 and 20 tokens: 30 → unit 1 (fewest requests), then
     (2, 130) against (5, 100): 20 → unit 1 again."""
