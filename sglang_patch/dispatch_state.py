@@ -9,7 +9,7 @@ dual trigger of Algorithm 1) and where (PBAA, Algorithm 2; Algorithm 3 on a deco
 
 What it reads, itself, on each tick (no round trip to the daemon on the dispatch path): every rank's
 shared-memory ``LoadSnapshot`` through the controller's own reader (``load_snapshot_reader.read_all()``,
-load_snapshot.py:459-470). A rank publishes one after each forward (``process_batch_result``,
+load_snapshot.py:509-520). A rank publishes one after each forward (``process_batch_result``,
 scheduler.py:5082, every ``--load-snapshot-publish-interval`` decode steps; ``ebctl start`` sets 1 with SBS
 on) and while idle (``on_idle``, :5241-5327), stamped with ``time.time()``; so this state runs on the wall
 clock too. A snapshot reflects every request the rank received before its iteration began, i.e. everything
