@@ -117,8 +117,9 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "mode": Spec(str, "eb: EB(k*, N*); eb+: Eq. 8 picks eb or mb; mb: mixed; off: stock engine",
                  choices=("eb", "eb+", "mb", "off")),
     "cold_mode": Spec(str, "mode before min_window completions are seen", choices=("off", "eb", "mb")),
-    "theta_method": Spec(str, "threshold: paper = θ0 + Δθ (Eq. 3 + 5), cfr = θ0, exact-fluid = numeric",
-                         choices=("paper", "cfr", "exact-fluid")),
+    "theta_method": Spec(str, "threshold: paper = θ0 + Δθ (Eq. 3 + 5), cfr = θ0, exact-fluid = numeric, "
+                              "measured = the engine's own throughput at saturation picks θ (and in eb+ the mode)",
+                         choices=("paper", "cfr", "exact-fluid", "measured")),
     "window": Spec(int, "W: completions in the sliding windows", 10, 1_000_000),
     "update_every": Spec(int, "T_upd: completions between two updates", 1, 1_000_000),
     "min_window": Spec(int, "W_min: completions before the first update", 2, 1_000_000),
@@ -149,6 +150,23 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "cost_max_rel_err": Spec(float, "an online cost fit is used when its median relative error on held-out "
                              "iterations is at most this (and below the mean's)", 0.01, 1.0),
     "cost_window": Spec(int, "iterations kept per batch kind for the cost fits", 20, 1_000_000),
+    "cost_stale_s": Spec(float, "a cost fit with no iteration of its kind for this long is stale (eb+ probes the "
+                                "other mode for it)", 1.0, 1e7),
+    "probe_s": Spec(float, "eb+: one probe of the other mode, to learn its cost, lasts this long (s); 0: no probes",
+                    0.0, 600.0),
+    "probe_share": Spec(float, "eb+: probes take at most this share of the time", 0.0, 0.5),
+    "tune_window": Spec(int, "measured: completions per measurement window (and at least one whole EB cycle)", 10,
+                        1_000_000),
+    "tune_min_pairs": Spec(int, "measured: window pairs before a trial may decide", 1, 1000),
+    "tune_max_pairs": Spec(int, "measured: a trial still undecided after this many pairs keeps the incumbent", 1, 1000),
+    "tune_min_effect": Spec(float, "measured: a challenger must be this much faster (share) to replace the incumbent",
+                            0.0, 1.0),
+    "tune_step": Spec(float, "measured: the largest step of θ, in octaves (1: ×2; halved down to a quarter octave)",
+                      0.25, 4.0),
+    "tune_recheck": Spec(int, "measured: completions between settling and re-checking the neighbours and stock "
+                              "(then twice as long, up to 8×)", 0, 100_000_000),
+    "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) that restarts "
+                              "the search (output length: twice this)", 0.01, 10.0),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
     "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
 }

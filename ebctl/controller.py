@@ -1,5 +1,10 @@
 """Algorithm 1 (appendix D.7) with the EB+ mode rule (Eq. 8): iteration reports in, a ``Policy`` out.
 
+The threshold comes from a closed form (``theta_method`` paper = θ0 + Δθ, Eq. 3 + 5; cfr = θ0; exact-fluid) or,
+with ``measured``, from the engine's own throughput (``ebctl.tuner``: the closed forms are its prior; it starts
+at the stock engine and moves only on a measured gain). In eb+ mode, short probes of the other mode keep the
+cost fits Eq. 8 compares current (``ebctl.probe``).
+
 Pure: the caller passes every report and the current time; nothing here reads a clock, a file or the
 environment. ``update`` never raises and never publishes a NaN: whatever fails keeps the last good value
 and says so in ``Policy.reason``.
@@ -9,17 +14,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
+
+import numpy as np
 
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
 from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
+from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
+from ebctl.tuner import MB, STOCK, Applied, Tuner, TunerParams
 
-ThetaMethod = Literal["paper", "cfr", "exact-fluid"]
+ThetaMethod = Literal["paper", "cfr", "exact-fluid", "measured"]
 COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
+REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
 OperatorMode = Literal["eb", "eb+", "mb", "off"]
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
@@ -32,7 +42,7 @@ class ControllerParams:
 
     mode: OperatorMode = "eb"  # eb: EB(k̂*, N̂*); eb+: Eq. 8 picks eb or mb; mb; off: stock engine
     cold_mode: Literal["off", "eb", "mb"] = "off"  # before W_min completions: stock engine by default
-    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric fluid optimum
+    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric; measured: ebctl.tuner
     window: int = 500  # W
     update_every: int = 100  # T_upd completions between updates
     min_window: int = 30  # W_min
@@ -60,8 +70,45 @@ class ControllerParams:
     cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
     cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
     cost_window: int = 2000  # iterations kept per batch kind
+    cost_stale_s: float = 600.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
+    probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
+    probe_share: float = 0.03  # eb+: probes take at most this share of the time
+    tune_window: int = 200  # measured: completions per window (and at least one whole EB cycle)
+    tune_min_pairs: int = 2  # measured: window pairs before a trial may decide
+    tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
+    tune_min_effect: float = 0.01  # measured: a challenger must be this much faster to replace the incumbent
+    tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
+    tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
+    tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
+
+    def tuner(self) -> TunerParams:
+        return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,
+                           min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
+                           min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
+                           recheck=self.tune_recheck)
+
+
+class Fit(NamedTuple):
+    """What one recompute found: the estimates, the closed-form policy, Eq. 8, and why."""
+
+    p0: float
+    hz: HazardFit
+    mu_l: float
+    mu_o: float
+    theta0: float
+    d_theta: float
+    theta: float  # the closed form's θ̂* (clipped)
+    n: int  # N̂* at θ̂* (Eq. 6, clipped, changed at most every n_min_interval_s)
+    k: int
+    mode: Mode  # the operator's mode, or Eq. 8's choice in eb+
+    kv: float  # Eq. 23 at N̂*
+    lhs: float
+    rhs: float
+    costs: model.Costs
+    cost_source: str
+    reasons: tuple[str, ...]
 
 
 class Controller:
@@ -80,6 +127,8 @@ class Controller:
         self.group_size = 1
         self.mixed_reason = ""
         self.online_costs = OnlineCosts(params.cost_window, params.cost_max_rel_err)
+        self.tuner = Tuner(params.tuner())
+        self.probe = ModeProbe(params.probe_s, params.probe_share)
         self.kv_total = 0
         self.engine_limit = 0
         self.mixed_unavailable = False
@@ -89,13 +138,18 @@ class Controller:
         self.updates = 0
         self.errors = 0
         self.last_error = ""
+        self.last_wall = math.nan  # the newest report's wall time (status has no clock of its own)
         self.hazard: HazardFit | None = None
+        self.fit: Fit | None = None
         self.theta_star = params.theta_default
-        n0 = self.n_limit
-        self.n_star = n0
+        self.n_star = self.n_limit
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
         self.updates_since_switch = params.mode_cooldown
+        self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
+        self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
+        self._arms_trial = -1
+        self._published: tuple[str, Mode | None] = ("", None)  # (arm, probe) of the current policy
         self.policy = self._cold_policy(version=0)
 
     def _cold_policy(self, version: int) -> Policy:
@@ -112,10 +166,17 @@ class Controller:
         k = p.k_override or k
         return n, min(max(1, k), n)
 
+    @property
+    def measured(self) -> bool:
+        """θ (and in eb+ the mode) from the tuner: theta_method measured, eb or eb+, k not pinned."""
+        p = self.params
+        return p.theta_method == "measured" and p.mode in ("eb", "eb+") and not p.k_override
+
     # --- input --------------------------------------------------------------------------------------
     def observe(self, r: IterationReport) -> None:
         """Ingest one iteration: its finished requests, its running batch, and its cost sample."""
         self.reports += 1
+        self.last_wall = r.wall_time
         for f in r.finished:
             if self.window.append(f.input_len, f.output_len):
                 self.completions += 1
@@ -136,6 +197,8 @@ class Controller:
         if r.kind is BatchKind.DECODE and r.forward_s > 0:
             self.decode_step_s.update(r.forward_s)
         self.online_costs.observe(r)
+        if self.measured:
+            self.tuner.observe(r)
 
     @property
     def n_limit(self) -> int:
@@ -143,12 +206,20 @@ class Controller:
         return self.params.n_max_limit or self.engine_limit or 256
 
     def set_params(self, params: ControllerParams) -> None:
-        """Live reconfiguration (tune / reload); keeps the data, refits at the next update."""
+        """Live reconfiguration (tune / reload); keeps the data, refits at the next update. A new θ range
+        gives the tuner a new grid (it starts again at stock); its other settings apply at once."""
         if params.window != self.params.window:
             self.window.resize(params.window)
         if params.n_obs_alpha != self.params.n_obs_alpha:
             self.n_obs = Ema(params.n_obs_alpha)
         self.online_costs.set_params(params.cost_window, params.cost_max_rel_err)
+        self.probe.set_params(params.probe_s, params.probe_share)
+        old = self.params
+        if (params.theta_min, params.theta_max, params.theta_method) != (old.theta_min, old.theta_max,
+                                                                          old.theta_method):
+            self.tuner, self._drift_ref = Tuner(params.tuner()), None
+        else:
+            self.tuner.p = params.tuner()
         self.params = params
         self.since_update = max(self.since_update, params.update_every)  # recompute at the next update
         if self.updates == 0:  # still cold: the new settings (mode, overrides) apply at once
@@ -156,14 +227,19 @@ class Controller:
 
     # --- output -------------------------------------------------------------------------------------
     def update(self, now: float) -> Policy:
-        """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6)."""
+        """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6); in
+        between, re-issue the policy when the tuner switched arms or a probe starts or ends."""
         p = self.params
-        if self.since_update < p.update_every or len(self.window) < p.min_window:
+        due = self.since_update >= p.update_every and len(self.window) >= p.min_window
+        if not due and (self.fit is None or self._want(now) == self._published):
             return self.policy
-        self.since_update = 0
         try:
-            self.policy = self._recompute(now)
-            self.updates += 1
+            if due:
+                self.since_update = 0
+                self.fit = self._refit(now)
+            self.policy = self._issue(now)
+            if due:
+                self.updates += 1
         except Exception as e:  # a bug must not take the daemon down or publish garbage: keep the last policy
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
@@ -180,7 +256,8 @@ class Controller:
         c = self.cost_choice()
         return c.costs, c.source
 
-    def _recompute(self, now: float) -> Policy:
+    def _refit(self, now: float) -> Fit:
+        """The estimates and the closed-form policy (Algorithm 1); with ``measured``, the tuner's context."""
         p = self.params
         self.online_costs.refit()
         costs, cost_source = self.costs()
@@ -194,11 +271,12 @@ class Controller:
 
         theta0 = model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else p.theta_min
         d_theta = 0.0
-        if p.theta_method == "paper" and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
+        paper = p.theta_method in ("paper", "measured")  # the measured method's prior is the paper's form
+        if paper and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
             d_theta = model.delta_theta(theta0, p0, hz.eta, costs.alpha_d, costs.beta_d, self.n_star)
-        elif p.theta_method == "paper" and hz.eta <= 0:
+        elif paper and hz.eta <= 0:
             reasons.append("hazard not increasing: CFR threshold")
-        elif p.theta_method == "paper":
+        elif paper:
             reasons.append(f"IFR not significant (eta/se={hz.eta / hz.eta_se:.1f}): CFR threshold")
         if p.theta_method == "exact-fluid":
             raw = model.theta_exact_fluid(p0, hz.eta if hz.ok else 0.0, costs.alpha_p, costs.beta_p,
@@ -215,32 +293,157 @@ class Controller:
         if p.k_override or p.n_override:
             reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
         mode, lhs, rhs = self._mode(costs, theta0, mu_l, mu_o, n_star, reasons)
-        kv_total = p.kv_capacity_tokens or self.kv_total
-        kv_reserve = model.kv_reserve_fraction(n=n_star, mu_o=mu_o, block_size=1, total_blocks=kv_total,
-                                               s_kv=p.kv_s, f0=p.kv_f0) if kv_total > 0 else 0.0
-        est = Estimates(p0=p0, eta=hz.eta, fit_r2=hz.r2, mu_l=mu_l, mu_o=mu_o, n_window=len(self.window),
-                        theta0=theta0, delta_theta=d_theta, theta_star=theta_star, n_star=n_star,
-                        n_obs=self.n_obs.value, eb_lhs=lhs, eb_rhs=rhs, alpha_p=costs.alpha_p,
-                        beta_p=costs.beta_p, alpha_d=costs.alpha_d, beta_d=costs.beta_d, cost_source=cost_source)
-        return Policy(engine_id=self.engine_id, version=self.policy.version + 1, issued_at=now, ttl_s=p.ttl_s,
-                      mode=mode, k=k, n_max=n_max, kv_reserve_frac=kv_reserve,
-                      max_defer_s=self._defer_clock(k, n_max, p0), reason="; ".join(reasons) or "ok",
-                      estimates=est)
+        if self.measured:
+            self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
+        return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
+                   lhs, rhs, costs, cost_source, tuple(reasons))
 
-    def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
-        """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
+    def _tuner_context(self, mu_l: float, mu_o: float, entries: list[float], eq8: Mode) -> None:
+        """Hand the tuner its prior (the closed forms, Eq. 8's mode) and the request mix, and restart its search
+        when the workload moved: the window's geometric mean input length changed by more than a factor
+        e^``tune_drift`` since the search last started, or its output length by e^(2·``tune_drift``). Geometric
+        means, because the arithmetic mean of a heavy-tailed trace's window wanders by ±30% (Azure conversations,
+        W = 500). The outputs' bar is twice the inputs': which requests finish within a window depends on the
+        policy (EB's long cycles hold the long ones back), and on that trace the log-mean output moved by up to
+        ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
+        full and the engine has turned its batch over three times: until then the requests that finished first,
+        the short ones, weigh too much."""
+        p = self.params
+        if len(self.window) >= p.window and self.completions >= p.window + 3 * self.n_limit:
+            now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (self.window.inputs(), self.window.outputs()))
+            ref = self._drift_ref
+            if ref is None:
+                self._drift_ref = now
+            else:
+                moved = [f"{name} ×{math.exp(b - a):.2f}" for name, a, b, bar in
+                         zip(("L", "O"), ref, now, (p.tune_drift, 2 * p.tune_drift), strict=True) if abs(b - a) > bar]
+                if moved:
+                    self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
+                    self._drift_ref = now
+        self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o)
+
+    def _want(self, now: float) -> tuple[str, Mode | None]:
+        """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
+        fit = self.fit
+        arm = self.tuner.arm if self.measured else ""
+        if fit is None:
+            return arm, None
+        running = fit.mode if not arm else self.tuner.mode(arm)
+        return arm, self._probe(now, running)
+
+    def _probe(self, now: float, running: Mode) -> Mode | None:
+        """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``), never during a
+        mode switch's cooldown or a tuner trial, and only where the running mode's own fits are being learned."""
+        p = self.params
+        if (p.mode != "eb+" or not p.cost_online or running not in (Mode.EB, Mode.MB)
+                or (self.measured and self.tuner.trial is not None)
+                or (running is Mode.EB and self.mixed_unavailable)):
+            self.probe.stop(now)
+            return None
+        oc, stale = self.online_costs, p.cost_stale_s
+        if running is Mode.EB:
+            need = oc.missing(BatchKind.MIXED, now, stale) if oc.passed(BatchKind.DECODE) else ""
+        else:
+            need = ((oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale))
+                    if oc.passed(BatchKind.MIXED) else "")
+        cooling = not self.measured and self.updates_since_switch <= p.mode_cooldown
+        return self.probe.decide(now, running, need.split(" ", 1)[0], cooling)
+
+    def _issue(self, now: float) -> Policy:
+        """The policy of the last fit: the closed form's, or the tuner's arm; a probe's mode on top."""
+        p, fit = self.params, self.fit
+        assert fit is not None
+        reasons = list(fit.reasons)
+        arm, probe = self._want(now)
+        if arm:
+            mode, theta, n, k, kv = self._arm(arm, fit)
+            reasons.append(self._tuner_reason())
+        else:
+            mode, theta, n, k, kv = fit.mode, fit.theta, fit.n, fit.k, fit.kv
+        if probe is not None:
+            reasons.append(f"probe: {probe} for the {self.probe.last_kind} cost fit")
+            if probe is Mode.EB and mode is not Mode.EB:
+                theta, n, k, kv = fit.theta, fit.n, fit.k, fit.kv
+            mode = probe
+        version = self.policy.version + 1
+        if arm and probe is None:
+            self.tuner.bind(version, Applied(arm, mode, k, n))
+        self._published = (arm, probe)
+        est = Estimates(p0=fit.p0, eta=fit.hz.eta, fit_r2=fit.hz.r2, mu_l=fit.mu_l, mu_o=fit.mu_o,
+                        n_window=len(self.window), theta0=fit.theta0, delta_theta=fit.d_theta, theta_star=theta,
+                        n_star=n, n_obs=self.n_obs.value, eb_lhs=fit.lhs, eb_rhs=fit.rhs, alpha_p=fit.costs.alpha_p,
+                        beta_p=fit.costs.beta_p, alpha_d=fit.costs.alpha_d, beta_d=fit.costs.beta_d,
+                        cost_source=fit.cost_source)
+        return Policy(engine_id=self.engine_id, version=version, issued_at=now, ttl_s=p.ttl_s, mode=mode, k=k,
+                      n_max=n, kv_reserve_frac=kv, max_defer_s=self._defer_clock(k, n, fit.p0),
+                      reason="; ".join(reasons) or "ok", estimates=est)
+
+    def _arm(self, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:
+        """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes
+        at its limit, EB(θ) takes N from Eq. 6 at that θ, but at most 97% of the batch the engine's own admission
+        was seen to stop at (``Tuner.reach``): sglang reserves each running request's remaining output in its
+        admission, so it can stop below Eq. 6's N, and the gate, which ends a refill only at N or at the KV
+        reserve, would then never end it (EB would run as stock). Frozen while a trial runs: the two arms it
+        compares keep the numbers they started with."""
+        if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
+            self._arms.clear()
+            self._arms_trial = self.tuner.trial_id
+        if arm in self._arms:
+            return self._arms[arm]
+        limit = self.n_limit
+        if arm in (STOCK, MB):
+            out = (Mode.MB if arm == MB else Mode.OFF, math.nan, limit, 1, 0.0)
+        else:
+            theta = self.tuner.theta(arm)
+            n = self._eq6(theta, fit.p0, fit.mu_l)
+            reach = self.tuner.reach
+            if math.isfinite(reach):  # a batch the engine cannot hold never fills: the refill would never end
+                n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(self.params.n_floor_frac * self.n_limit), 1))
+            n, _ = self._pinned(n, 1)
+            out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), self._kv_reserve(n, fit.mu_o))
+        self._arms[arm] = out
+        return out
+
+    def _tuner_reason(self) -> str:
+        t = self.tuner
+        where = t.incumbent if not t.incumbent.startswith("eb@") else f"theta={t.theta(t.incumbent):.3g}"
+        if t.trial is not None:
+            ch = t.trial.challenger
+            ch = ch if not ch.startswith("eb@") else f"theta={t.theta(ch):.3g}"
+            return f"measured: trial of {ch} against {where} ({len(t.trial.rates)} windows)"
+        return f"measured: {t.state()} at {where}"
+
+    def _kv_reserve(self, n: int, mu_o: float) -> float:
+        """Eq. 23's KV reserve at batch size n (0 while the KV capacity is unknown)."""
+        p = self.params
+        kv_total = p.kv_capacity_tokens or self.kv_total
+        if kv_total <= 0:
+            return 0.0
+        return model.kv_reserve_fraction(n=n, mu_o=mu_o, block_size=1, total_blocks=kv_total, s_kv=p.kv_s,
+                                         f0=p.kv_f0)
+
+    def _eq6(self, theta: float, p0: float, mu_l: float) -> int:
+        """Eq. 6 at θ, clipped to [floor, the engine's limit] (the limit while the KV capacity is unknown)."""
         p = self.params
         limit = self.n_limit
         floor = max(1, math.ceil(p.n_floor_frac * limit))
         cap = p.kv_capacity_tokens or self.kv_total
+        target = limit if cap <= 0 else model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
+        return min(max(target, floor), limit)
+
+    def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
+        """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
+        p = self.params
+        cap = p.kv_capacity_tokens or self.kv_total
         if cap <= 0:
             reasons.append("KV capacity unknown: N = engine limit")
-            target = limit
         else:
-            target = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
-            if target < floor:
-                reasons.append(f"N*={target} below floor {floor}")
-        target = min(max(target, floor), limit)
+            floor = max(1, math.ceil(p.n_floor_frac * self.n_limit))
+            raw = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
+            if raw < floor:
+                reasons.append(f"N*={raw} below floor {floor}")
+        target = self._eq6(theta, p0, mu_l)
         if target != self.n_star and now - self.n_changed_at >= p.n_min_interval_s:
             self.n_star, self.n_changed_at = target, now
         return self.n_star
@@ -298,10 +501,14 @@ class Controller:
     def status(self) -> dict:
         """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest):
         ``cost_fits`` per kind (state, why, held-out error, features kept, coefficients) and
-        ``cost_reason``, why the costs in use come from where they do."""
+        ``cost_reason``, why the costs in use come from where they do; ``theta_method``; ``tuner`` (the
+        measured search: state, arm, every recent trial, ``ebctl.tuner``) and ``probes`` (eb+'s runs of the
+        other mode: count, seconds, share, ``ebctl.probe``)."""
         choice = self.cost_choice()
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
                 "n_obs": self.n_obs.value, "kv_total": self.kv_total, "n_limit": self.n_limit,
                 "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
-                "cost_fits": self.online_costs.status(choice)}
+                "cost_fits": self.online_costs.status(choice), "theta_method": self.params.theta_method,
+                "tuner": self.tuner.status() if self.measured else None,
+                "probes": self.probe.status(self.last_wall if math.isfinite(self.last_wall) else 0.0)}

@@ -104,6 +104,7 @@ class OnlineCosts:
         self._fitted_at = dict.fromkeys(KINDS, 0)  # window.total at the last fit
         self._stale = False  # the settings changed: refit every kind at the next refit
         self._last_kind: BatchKind | None = None
+        self.last_seen: dict[BatchKind, float] = dict.fromkeys(KINDS, -math.inf)  # wall time of the newest row
 
     def observe(self, r: IterationReport) -> None:
         """File the report's row under its kind; ``switched`` is 1 when the previous non-idle report of
@@ -114,7 +115,17 @@ class OnlineCosts:
         self._last_kind = kind
         if kind is BatchKind.PREFILL and r.decode_reqs:
             return
-        self.windows[kind].add(report_features(r, last is not None and last is not kind), r.forward_s)
+        if self.windows[kind].add(report_features(r, last is not None and last is not kind), r.forward_s):
+            self.last_seen[kind] = r.wall_time
+
+    def missing(self, kind: BatchKind, now: float, stale_s: float) -> str:
+        """Why ``kind``'s fit cannot be trusted now: it did not pass, or its newest iteration is older than
+        ``stale_s`` (EB+ probes the other mode for it, ``ebctl.probe``); empty when it is fine."""
+        if not self.passed(kind):
+            return f"{kind} fit missing ({self.why(kind)})"
+        if now - self.last_seen[kind] > stale_s:
+            return f"{kind} fit stale (no {kind} iteration for {now - self.last_seen[kind]:.0f} s)"
+        return ""
 
     def set_params(self, capacity: int, max_rel_err: float) -> None:
         """Live reconfiguration: keeps the rows (the newest ``capacity``), refits at the next ``refit``."""

@@ -10,7 +10,10 @@
   default inf: a pure threshold policy);
 * ``eb-auto``: EB(k̂*, N̂*), a ``Controller`` (mode eb) run in-process on the engine's own reports;
 * ``eb+``: the same controller with the EB+ mode rule (Eq. 8) on top.
-  Both take ``method=paper|cfr|exact-fluid``, ``delta=``, ``defer=``, ``window=``, ``every=``.
+  Both take ``method=paper|cfr|exact-fluid|measured``, ``delta=``, ``defer=``, ``window=``, ``every=`` and
+  ``theta=`` (θ pinned: the controller's N̂*, KV reserve and clock at that θ);
+* ``default``: the controller exactly as a default install configures it (``ControllerParams()``, no profile:
+  the default costs until its online fits pass; the engine's limit and KV capacity from its reports).
 
 A source is fed every ``IterationReport`` (``observe``) and asked for the policy before the next step
 (``policy(now)``, simulated time). The controller's policy is re-stamped with ``now`` each step: the
@@ -30,7 +33,7 @@ from ebctl.controller import Controller, ControllerParams
 from ebctl.protocol import IterationReport, Mode, Policy
 
 FIXED_OPTIONS = {"k", "theta", "n", "kv", "defer"}
-AUTO_OPTIONS = {"method", "delta", "defer", "window", "every"}
+AUTO_OPTIONS = {"method", "delta", "defer", "window", "every", "theta"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +152,25 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
                    kv_reserve_frac=_num(o, "kv", spec, 0.0, 0.0, 0.99),
                    max_defer_s=_num(o, "defer", spec, math.inf, 0.0))
         return Fixed(spec, p)
+    if head == "default" and not rest:
+        return Auto(spec, Controller(ControllerParams(), engine_id=engine_id))
     if head in ("eb-auto", "eb+"):
         o = _options(rest, AUTO_OPTIONS, spec)
         method = o.get("method", "paper")
-        if method not in ("paper", "cfr", "exact-fluid"):
-            raise ValueError(f"policy {spec!r}: method={method!r} must be paper, cfr or exact-fluid")
+        if method not in ("paper", "cfr", "exact-fluid", "measured"):
+            raise ValueError(f"policy {spec!r}: method={method!r} must be paper, cfr, exact-fluid or measured")
         defaults = ControllerParams()
+        pin = _num(o, "theta", spec, math.nan, 1e-4, 0.999) if "theta" in o else math.nan
         params = ControllerParams(
             mode="eb" if head == "eb-auto" else "eb+", theta_method=method,  # type: ignore[arg-type]
             n_max_limit=max_running, kv_capacity_tokens=kv_tokens,
             delta=_num(o, "delta", spec, defaults.delta, -1.0, 1.0),
             max_defer_s=_num(o, "defer", spec, defaults.max_defer_s, 0.0),
             window=int(_num(o, "window", spec, defaults.window, 1)),
-            update_every=int(_num(o, "every", spec, defaults.update_every, 1)))
+            update_every=int(_num(o, "every", spec, defaults.update_every, 1)),
+            **({"theta_min": pin, "theta_max": pin} if math.isfinite(pin) else {}))
         return Auto(spec, Controller(params, costs, engine_id=engine_id, cost_source="profile" if costs else ""))
-    raise ValueError(f"unknown policy {spec!r}: v0, mb, eb:k=K, eb:theta=X, eb-auto or eb+ "
+    raise ValueError(f"unknown policy {spec!r}: v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+ or default "
                      "(options after a colon, comma-separated)")
 
 

@@ -1,0 +1,464 @@
+"""The measured threshold (``controller.theta_method = "measured"``): θ, and in eb+ the mode, chosen by the
+throughput the engine itself delivers while it is saturated.
+
+The closed forms (Eq. 3, Eq. 5) are only as good as the cost model behind them, and the best θ of a real engine
+can sit far from them (the paper's Table 13 peaks at θ = 0.6-0.7 where Eq. 3 gives 0.02-0.05). So the tuner
+compares operating points, *arms*, on one axis of exclusivity, by what the engine measures:
+
+    mb (mixed batches, eb+ only, where the engine can mix) — stock (the engine's own prefill-first rule,
+    k = 1: the server the operator had) — EB(θ) for θ on a log grid θ_min..θ_max (quarter octaves)
+
+It starts at stock and moves only on a measured gain. From stock (or mb) it tries the closed forms (θ0 + Δθ,
+then θ0: the prior) and mb; from EB(θ) it tries θ·2^±s (a step of s octaves, at most ``step_max``, halved
+when both directions lose, down to a quarter octave; below θ_min lies stock). Once settled it re-checks its
+neighbours and stock after ``recheck`` completions, then twice as long each time.
+
+**A trial** (incumbent A, challenger B) measures windows in the order A0 B1 A1 B2 A2 ...; pair i compares B_i
+with the mean of the incumbent's windows on both sides (a linear drift cancels). After every switch of arm one
+window is run and dropped: the batch the previous arm left behind (its size, its requests' ages) takes about
+one window to wash out, and the first window after a switch measured 5-25% off in the simulator. A window is
+a run of whole EB cycles of one arm (it opens and closes at a refill the threshold started: a prefill after a
+decode step that left ≤ N − k requests; for stock and mb every iteration closes a cycle) holding at least
+``window`` completions, all of it saturated: requests waited on ≥ 90% of its time, and under EB more than N
+were in the engine (so the gate's own deferral does not count as load). What a window measures is the served
+token rate: (prefill tokens + decode tokens + first tokens) / its wall time. In a steady state this is the
+engine's total token throughput, and over whole cycles it is several times less noisy than counting the tokens
+of finished requests (their lengths are heavy-tailed); a retraction's re-prefill counts as served, which can
+only favour the stock engine, the one that retracts. The iterations between a switch and the new arm's first
+refill belong to neither arm and are dropped.
+
+**The test**: d_i = ln(rate_B / rate_A) per pair. After at least ``min_pairs`` pairs, B wins if mean(d) ≥
+ln(1 + ``min_effect``) and its 95% interval lies above 0; B loses if that interval lies below ln(1 + min_effect)
+or after ``max_pairs`` pairs. The standard deviation is shrunk towards the one pooled over earlier trials (a
+scaled inverse-χ² prior worth 2 pairs), so that two or three pairs do not make a confident verdict of chance.
+Windows that are not saturated are dropped; three in a row end the trial (the incumbent stays).
+
+**Drift**: the controller calls :meth:`Tuner.reset` when the input-length or output-length fit moved; the
+trial in progress is dropped, the search starts again from the incumbent with its largest step.
+
+Pure: reports and versions in, the arm to run out; no clock (time comes in the reports), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from ebctl.protocol import BatchKind, IterationReport, Mode
+
+STOCK, MB = "stock", "mb"
+QUARTERS = 4  # grid points per octave of θ
+SATURATED_SHARE = 0.9  # a window counts when requests waited on at least this share of its time
+MAX_INVALID = 3  # unsaturated windows in a row that end a trial
+LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
+PRIOR_SD = 0.015  # sd of a pair's ln-ratio before a trial measured one (steady windows: 0.3-1.5% in the simulator)
+PRIOR_PAIRS = 2.0  # weight (pseudo-pairs) of the pooled sd in a trial's own sd
+RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
+HISTORY = 16  # trials kept for status
+REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
+_T975 = stats.t.ppf(0.975, np.arange(1, 200))  # two-sided 95% Student t by degrees of freedom (index df − 1)
+
+
+class Applied(NamedTuple):
+    """What the controller published for an arm under one policy version."""
+
+    arm: str
+    mode: Mode
+    k: int
+    n_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class TunerParams:
+    theta_min: float = 0.01
+    theta_max: float = 0.8
+    window: int = 200  # completions per window (and at least one whole EB cycle)
+    min_pairs: int = 2
+    max_pairs: int = 5
+    min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
+    step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
+    recheck: int = 4000  # completions between settling and the first re-check
+
+
+@dataclass(slots=True)
+class Window:
+    """One arm's run of whole cycles: its time and tokens split by phase, its completions, how much of it was
+    saturated. A mixed iteration's time is split between its prefill tokens and decode rows by their numbers."""
+
+    arm: str
+    start: float  # wall time at which its first iteration began
+    end: float = math.nan
+    completions: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    idle_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    saturated_s: float = 0.0
+
+    def add(self, r: IterationReport, dt: float) -> None:
+        p, d = r.prefill_tokens, r.decode_reqs
+        self.completions += len(r.finished)
+        self.prefill_tokens += p
+        self.decode_tokens += d
+        if p + d == 0:
+            self.idle_s += dt
+        else:
+            self.prefill_s += dt * p / (p + d)
+            self.decode_s += dt * d / (p + d)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def rate(self, mu_l: float, mu_o: float) -> float:
+        """Served tokens per second of a request mix with mean prompt μ_L and output μ_O: (μ_L + μ_O) over
+        μ_L·τ_p + (μ_O − 1)·τ_d, with τ_p, τ_d the seconds per prefill and decode token the window measured
+        (idle time spread over both). Without both kinds of token, or without μ: tokens over time."""
+        busy = self.prefill_s + self.decode_s
+        if busy <= 0:
+            return math.nan
+        if not (self.prefill_tokens and self.decode_tokens and mu_l > 0 and mu_o >= 1):
+            return (self.prefill_tokens + self.decode_tokens + self.completions) / (busy + self.idle_s)
+        t_req = mu_l * self.prefill_s / self.prefill_tokens + (mu_o - 1) * self.decode_s / self.decode_tokens
+        return (mu_l + mu_o) / t_req * busy / (busy + self.idle_s)
+
+    @property
+    def saturated(self) -> bool:
+        return self.seconds > 0 and self.saturated_s >= SATURATED_SHARE * self.seconds
+
+
+@dataclass(slots=True)
+class Trial:
+    """Windows measured in the order A0 B1 A1 B2 A2 ... (A: the incumbent, B: the challenger)."""
+
+    incumbent: str
+    challenger: str
+    started: float
+    rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
+    invalid: int = 0  # unsaturated windows in a row
+
+    def arm(self) -> str:
+        """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""
+        return self.incumbent if len(self.rates) % 2 == 0 else self.challenger
+
+    def diffs(self) -> np.ndarray:
+        """d_i = ln B_i − (ln A_{i−1} + ln A_i)/2 of each complete pair: the incumbent's windows on both sides
+        of the challenger's cancel a linear drift."""
+        ln = [math.log(r) for _, r in self.rates]
+        return np.asarray([ln[i] - (ln[i - 1] + ln[i + 1]) / 2 for i in range(1, len(ln) - 1, 2)])
+
+
+class Verdict(NamedTuple):
+    decision: str  # "win", "lose" or "" (go on)
+    effect: float  # mean ln-ratio (challenger over incumbent)
+    half_width: float  # of its 95% interval
+
+
+def verdict(d: np.ndarray, *, prior_sd: float, min_pairs: int, max_pairs: int, min_effect: float) -> Verdict:
+    """The trial's test on the pairs' ln-ratios ``d`` (module docstring)."""
+    n = len(d)
+    if n == 0:
+        return Verdict("", math.nan, math.inf)
+    mean = float(d.mean())
+    ss = float(((d - mean) ** 2).sum())
+    df = n - 1 + PRIOR_PAIRS
+    sd = math.sqrt((ss + PRIOR_PAIRS * prior_sd**2) / df)
+    half = float(_T975[min(int(df), len(_T975)) - 1]) * sd / math.sqrt(n)
+    if n < min_pairs:
+        return Verdict("", mean, half)
+    bar = math.log1p(min_effect)
+    if mean >= bar and mean - half > 0:
+        return Verdict("win", mean, half)
+    if mean + half < bar or mean <= 0 or n >= max_pairs:
+        return Verdict("lose", mean, half)
+    return Verdict("", mean, half)
+
+
+class Tuner:
+    """One engine's measured search. ``bind`` each published policy, ``observe`` each report, run ``arm``."""
+
+    def __init__(self, params: TunerParams) -> None:
+        self.p = params
+        self.top = math.floor(QUARTERS * math.log2(params.theta_max / params.theta_min) + 1e-9)  # grid indices
+        self.incumbent = STOCK
+        self.arm = STOCK  # what should run now
+        self.allow_mb = False
+        self.prefer_mb = False
+        self.entries: list[str] = []  # EB arms tried first from stock or mb (the closed forms)
+        self.mu_l = self.mu_o = math.nan  # the request mix a window's rate is computed for
+        self.step = params.step_max
+        self.tried: set[str] = set()  # challengers that lost against the incumbent at the current step
+        self.direction = 0  # +1: θ up, −1: θ down (the last move that won)
+        self.trial: Trial | None = None
+        self.trial_id = 0
+        self.window: Window | None = None
+        self.settled = False
+        self.rechecks = 0  # re-check trials started since settling (they take the candidates in turn)
+        self.gap = 0  # completions to wait before the next trial
+        self.recheck_gap = params.recheck
+        self.saturated = False  # the last closed window of the running arm was saturated
+        self.pooled_ss, self.pooled_df = 0.0, 0.0
+        self.counts = {"trials": 0, "won": 0, "lost": 0, "aborted": 0, "resets": 0}
+        self.history: list[dict[str, Any]] = []
+        self.reset_reason = ""
+        self._versions: dict[int, Applied] = {}
+        self._last: IterationReport | None = None
+        self._last_wall = math.nan
+        self._refill = False  # an EB refill the threshold started is under way
+        self._since = 0  # completions since the last cycle boundary of the running arm
+        self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
+        self.settling = False  # the running arm's next window is dropped (it follows a switch)
+
+    # --- arms -----------------------------------------------------------------------------------------
+    def theta(self, arm: str) -> float:
+        """θ of an EB arm (``eb@i``: θ_max · 2^(−i/4)); NaN for stock and mb."""
+        if not arm.startswith("eb@"):
+            return math.nan
+        return self.p.theta_max * 2.0 ** (-int(arm[3:]) / QUARTERS)
+
+    def eb_arm(self, theta: float) -> str:
+        """The grid arm nearest to θ (clipped to θ_min..θ_max)."""
+        if not (math.isfinite(theta) and theta > 0):
+            return f"eb@{self.top}"
+        i = round(QUARTERS * math.log2(self.p.theta_max / theta))
+        return f"eb@{min(max(i, 0), self.top)}"
+
+    def mode(self, arm: str) -> Mode:
+        return Mode.MB if arm == MB else Mode.OFF if arm == STOCK else Mode.EB
+
+    def set_context(self, *, entries: list[float], allow_mb: bool, prefer_mb: bool, mu_l: float = math.nan,
+                    mu_o: float = math.nan) -> None:
+        """From each controller update: the closed-form θs (tried first from stock or mb), whether mb may run,
+        whether Eq. 8 prefers it (then mb is tried first), and the mean prompt and output lengths the windows'
+        rates are weighed with."""
+        self.mu_l, self.mu_o = mu_l, mu_o
+        self.entries = list(dict.fromkeys(self.eb_arm(t) for t in entries))
+        self.prefer_mb = prefer_mb
+        if allow_mb != self.allow_mb:
+            self.allow_mb = allow_mb
+            t = self.trial
+            if not allow_mb and (self.incumbent == MB or (t is not None and MB in (t.incumbent, t.challenger))):
+                if self.incumbent == MB:
+                    self.incumbent = STOCK
+                self._end_trial("aborted", "mb no longer available")
+
+    def neighbours(self) -> list[str]:
+        """The challengers of the incumbent, in the order they are tried."""
+        inc = self.incumbent
+        mb = [MB] if self.allow_mb else []
+        if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
+            return [*([STOCK] if inc == MB else mb), *self.entries]
+        i = int(inc[3:])
+        up = f"eb@{max(i - self.step, 0)}" if i > 0 else None
+        down = f"eb@{i + self.step}" if i + self.step <= self.top else STOCK
+        order = [down, up] if self.direction < 0 else [up, down]
+        return [a for a in order if a is not None]
+
+    # --- input ----------------------------------------------------------------------------------------
+    def bind(self, version: int, applied: Applied) -> None:
+        """The controller published ``version`` for ``applied.arm``."""
+        self._versions[version] = applied
+        if len(self._versions) > 512:
+            for v in sorted(self._versions)[:256]:
+                del self._versions[v]
+
+    def observe(self, r: IterationReport) -> None:
+        """One iteration: attribute it to the arm whose policy the engine applied, extend or close windows."""
+        last, self._last = self._last, r
+        start, self._last_wall = self._last_wall, r.wall_time
+        applied = self._versions.get(r.policy_version)
+        if r.kind is BatchKind.DECODE and r.waiting > 0 and (applied is None or applied.mode is not Mode.EB):
+            # no gate held anyone back: the engine's own admission stopped at this batch (slots or KV)
+            self.reach = r.running if math.isnan(self.reach) else self.reach + REACH_ALPHA * (r.running - self.reach)
+        w = self.window
+        if applied is None or applied.arm != self.arm:  # another arm's (a transition, a probe, an expiry)
+            self.window, self._since = None, 0
+            return
+        self._since += len(r.finished)
+        if self._boundary(r, last, applied) or self._since >= LONG_WINDOW * self.p.window:
+            self._since = 0
+            if w is not None and w.completions >= self.p.window:
+                w.end = start
+                self.window = None
+                self._closed(w)
+                if self.arm != applied.arm:  # switched: this report belongs to the transition
+                    return
+            if self.window is None and math.isfinite(start):
+                self.window = Window(applied.arm, start)
+        w = self.window
+        if w is None or not math.isfinite(start):
+            return
+        dt = max(r.wall_time - start, 0.0)
+        w.add(r, dt)
+        if r.waiting > 0 and (applied.mode is not Mode.EB or r.running + r.waiting > applied.n_max):
+            w.saturated_s += dt
+
+    def _boundary(self, r: IterationReport, last: IterationReport | None, a: Applied) -> bool:
+        """Does ``r`` open a cycle? Under EB: the first decode step after a refill that the threshold started (a
+        prefill after a decode step that left at most N − k requests running): the batch is at its fullest.
+        Stock and mb have no cycle of their own: every iteration does. Nor has an EB arm whose refill never
+        ends (the engine's own admission stops short of N and of the KV reserve: the gate stays in its refill,
+        and EB runs as stock): after ``LONG_WINDOW`` windows' worth of completions without a boundary, the
+        caller takes one anyway."""
+        if a.mode is not Mode.EB:
+            self._refill = False
+            return True
+        if (r.kind in (BatchKind.PREFILL, BatchKind.MIXED) and last is not None and last.kind is BatchKind.DECODE
+                and last.decode_reqs - len(last.finished) <= a.n_max - a.k):
+            self._refill = True
+        elif r.kind is BatchKind.DECODE and self._refill:
+            self._refill = False
+            return True
+        return False
+
+    # --- the search -----------------------------------------------------------------------------------
+    def _run(self, arm: str) -> None:
+        """Switch to ``arm``; its first window will be dropped (the settling window)."""
+        if arm != self.arm:
+            self.arm, self.settling, self.window = arm, True, None
+
+    def _closed(self, w: Window) -> None:
+        """A window of the running arm closed: drop it (settling), file it in the trial and decide, or start a
+        trial."""
+        self.saturated = w.saturated
+        t = self.trial
+        if t is None:
+            self.gap -= w.completions
+        if self.settling:
+            self.settling = False
+            return
+        if t is None:
+            if self.saturated and self.gap <= 0:
+                self._start_trial(w)
+            return
+        if not w.saturated:
+            t.invalid += 1
+            if t.invalid >= MAX_INVALID:
+                self._end_trial("aborted", "not saturated")
+            return
+        t.invalid = 0
+        t.rates.append((w.arm, w.rate(self.mu_l, self.mu_o)))
+        if len(t.rates) >= 3 and len(t.rates) % 2 == 1:  # a pair is complete
+            d = t.diffs()
+            v = verdict(d, prior_sd=self.prior_sd, min_pairs=self.p.min_pairs, max_pairs=self.p.max_pairs,
+                        min_effect=self.p.min_effect)
+            if v.decision:
+                self._pool(d)
+                self._end_trial(v.decision, "", verdict_=v)
+                if self.gap <= 0 and self.trial is None:  # still searching: the next trial starts at once
+                    self._start_trial(w)
+                return
+        self._run(t.arm())
+
+    @property
+    def prior_sd(self) -> float:
+        """The pooled sd of a pair's ln-ratio over earlier trials (PRIOR_SD before any), shrunk the same way."""
+        return math.sqrt((self.pooled_ss + PRIOR_PAIRS * PRIOR_SD**2) / (self.pooled_df + PRIOR_PAIRS))
+
+    def _pool(self, d: np.ndarray) -> None:
+        if len(d) > 1:
+            self.pooled_ss += float(((d - d.mean()) ** 2).sum())
+            self.pooled_df += len(d) - 1
+
+    def _start_trial(self, last: Window) -> None:
+        """The next challenger of the incumbent; ``last``, the window just measured, is the trial's A0 when it
+        is the incumbent's."""
+        options = [a for a in self.neighbours() if a not in self.tried and a != self.incumbent]
+        if self.settled:  # a re-check: the neighbours and stock in turn
+            every = list(dict.fromkeys(a for a in [*self.neighbours(), STOCK] if a != self.incumbent))
+            options = [every[self.rechecks % len(every)]] if every else []
+            self.rechecks += 1
+        if not options:
+            if self.step > 1 and self.incumbent.startswith("eb@"):
+                self.step = max(self.step // 2, 1)
+                self.tried.clear()
+                self._start_trial(last)
+                return
+            self._rest()
+            return
+        self.trial_id += 1
+        self.counts["trials"] += 1
+        t = self.trial = Trial(self.incumbent, options[0], last.end)
+        if last.arm == self.incumbent == self.arm and last.saturated:
+            t.rates.append((last.arm, last.rate(self.mu_l, self.mu_o)))
+        self._run(t.arm())
+
+    def _rest(self) -> None:
+        """Nothing left to try: stay, and re-check after ``recheck_gap`` completions (then a longer gap)."""
+        if not self.settled:
+            self.settled, self.gap, self.rechecks = True, self.recheck_gap, 0
+        else:
+            self.recheck_gap = min(self.recheck_gap * RECHECK_GROWTH, self.p.recheck * RECHECK_MAX)
+            self.gap = self.recheck_gap
+        self.tried.clear()
+
+    def _end_trial(self, decision: str, why: str, *, verdict_: Verdict | None = None, record: bool = True) -> None:
+        t = self.trial
+        self.trial = None
+        if t is None:
+            self._run(self.incumbent)
+            return
+        self.counts["won" if decision == "win" else "lost" if decision == "lose" else "aborted"] += 1
+        if record:
+            d = t.diffs()
+            self.history = [*self.history[-(HISTORY - 1):], {
+                "incumbent": t.incumbent, "challenger": t.challenger, "theta_incumbent": self.theta(t.incumbent),
+                "theta_challenger": self.theta(t.challenger), "started": t.started, "pairs": len(d),
+                "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(verdict_.effect) if verdict_ else
+                math.nan, "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision,
+                "why": why}]
+        if decision == "win":
+            old, new = t.incumbent, t.challenger
+            if old.startswith("eb@") and new.startswith("eb@"):
+                self.direction = 1 if int(new[3:]) < int(old[3:]) else -1
+            else:
+                self.direction = -1 if new == STOCK else 0
+            self.incumbent = new
+            self.tried = {old}
+            self.settled = False
+            self.recheck_gap = self.p.recheck
+        elif decision == "lose":
+            self.tried.add(t.challenger)
+            if self.settled:
+                self._rest()
+        self._run(self.incumbent)
+
+    def reset(self, reason: str) -> None:
+        """The workload moved: drop the trial and the window, search again from the incumbent."""
+        self.counts["resets"] += 1
+        self.reset_reason = reason
+        if self.trial is not None:
+            self._end_trial("aborted", f"reset: {reason}")
+        self.window = None
+        self.step, self.tried, self.direction = self.p.step_max, set(), 0
+        self.settled, self.gap, self.recheck_gap = False, 0, self.p.recheck
+        self.pooled_ss = self.pooled_df = 0.0
+
+    # --- output ---------------------------------------------------------------------------------------
+    def state(self) -> str:
+        if self.trial is not None:
+            return "trial"
+        if not self.saturated:
+            return "waiting for saturation"
+        return "settled" if self.settled else "searching"
+
+    def status(self) -> dict[str, Any]:
+        """For ``ebctl status`` and the metrics: the search's state, the arm running, the trial in progress,
+        every recent trial with its windows' rates, effect, interval and decision, and the counters."""
+        t = self.trial
+        w = self.window
+        return {
+            "state": self.state(), "incumbent": self.incumbent, "theta_incumbent": self.theta(self.incumbent),
+            "arm": self.arm, "theta_arm": self.theta(self.arm), "step_octaves": self.step / QUARTERS,
+            "trial": None if t is None else {"incumbent": t.incumbent, "challenger": t.challenger,
+                                             "windows": len(t.rates), "rates": [round(r, 3) for _, r in t.rates]},
+            "window": None if w is None else {"arm": w.arm, "completions": w.completions,
+                                              "need": self.p.window},
+            "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.prior_sd,
+            "reset_reason": self.reset_reason, **self.counts, "history": list(self.history),
+        }
