@@ -1,26 +1,29 @@
 """The simulator's end-to-end cost model of a GPU engine: one symmetric formula for every iteration kind.
 
-    t = kernels + h_iter + h_req·(prefill requests + decode rows) + φ·A·[mixed] + s·[switched] − g·[decode only]
+    t = F + V − ω·min(F, V) + h_iter + h_req·(prefill requests + decode rows) + φ·A·[mixed] + s·[switched]
 
-* **kernels**, from the measured profile (the paper's authors' vLLM calibration, kernel time only, eager):
-  prefill α_p + β_p·P (+ the attention of prompt positions beyond what the linear fit absorbed, from the
-  measured one-layer prefill kernel); decode α_d + n·(β_d − a(512)) + A, where A = Σ a(ctx_i) is the decode
-  rows' attention at their own contexts (the measured kernel of 512 decode queries, × layers, per request;
-  β_d was measured at context 512, so at 512 this is α_d + β_d·n). An iteration with decode rows pays α_d
-  (the weights are streamed once), a prefill-only one α_p.
+* **kernels**, from the measured profile (the paper's authors' vLLM calibration, kernel time only, eager): the
+  fixed cost F = α_d for an iteration with decode rows (the weights are streamed once), α_p for a prefill-only
+  one; the work that grows with the batch V = β_p·P (+ the attention of prompt positions beyond what the
+  linear fit absorbed, from the measured one-layer prefill kernel) + n·(β_d − a(512)) + A, where A = Σ a(ctx_i)
+  is the decode rows' attention at their own contexts (the measured kernel of 512 decode queries, × layers,
+  per request; β_d was measured at context 512, so at 512 and ω = 0 this is α_d + β_d·n).
+* **overlap** ω ∈ [0, 1]: the share of the smaller of F and V that runs concurrently with the other. The
+  calibration timed each forward alone and eager, and its linear fit adds them (ω = 0); in a serving engine
+  the weight streaming inside F overlaps the GEMMs' arithmetic (a roofline: time = max(bytes/bandwidth,
+  flops/throughput)) and the launch overhead overlaps execution (CUDA graphs, asynchronous launches), up to
+  t = max(F, V) (ω = 1). It cannot hide more than all of the smaller part: ω ≤ 1.
 * **engine overheads**, the same for every kind (what the kernel timings leave out: scheduling, input
   preparation, sampling, output processing): ``iter_s`` per iteration and ``req_s`` per request in it.
 * **interference** φ ∈ [0, φ_max]: in a mixed iteration the decode attention A costs (1 + φ)·A. φ_max is
   the largest slowdown the measured mixed attention kernels show against the same work run apart
-  (``interference_bound``: ≈ 1.9 on both GPUs, long prompts mixed with decodes; short prompts mix for free).
+  (``interference_bound``: ≈ 1.9 on both GPUs).
 * **switch** s: an iteration whose kind differs from the previous one's (prefill after decode, decode after
   prefill, mixed after decode, ...) pays s.
-* **CUDA graphs** g ∈ [0, α_d]: a pure decode iteration pays α_d − g. The profile's α_d was measured eager
-  (no CUDA graphs); serving engines replay decode-only steps from a captured graph, which saves kernel
-  launches, at most the whole eager fixed cost; steps holding a prompt run (at least partly) eager.
 
-The five overheads are fitted to end-to-end measurements (``ebctl.sim.paperfit``) and carried in a
-profile's ``sim.overheads``. With all five at 0 this is the kernel-only model.
+The bounds the fit uses and why are in ``ebctl.sim.paperfit``. The five overheads are fitted to end-to-end
+measurements (``ebctl.sim.paperfit``) and carried in a profile's ``sim.overheads``. With all five at 0 this is
+the kernel-only model (the calibration's linear α + β form).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from ebctl.sim.costs import Batch
 # Prefill calibration sizes of measured_profiles.json (calibration_grid.prefill_sizes): the linear β_p
 # fitted on them absorbs the attention cost of positions up to about P_BAR (see _absorbed_position).
 PREFILL_CALIBRATION_SIZES = (256, 512, 1024, 2048, 4096)
-FIELDS = ("iter_s", "req_s", "interference", "switch_s", "graph_s")
+FIELDS = ("iter_s", "req_s", "interference", "switch_s", "overlap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +54,19 @@ class Overheads:
     req_s: float = 0.0
     interference: float = 0.0
     switch_s: float = 0.0
-    graph_s: float = 0.0
+    overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for name in FIELDS:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"overheads {name}={v!r}: must be finite and >= 0")
+        if self.overlap > 1:
+            raise ValueError(f"overheads overlap={self.overlap!r}: must be <= 1 (no more than all of it hides)")
 
     def vector(self) -> np.ndarray:
-        """Coefficients of :meth:`EngineCostModel.parts`' last five entries (the graph saving subtracts)."""
-        return np.array([self.iter_s, self.req_s, self.interference, self.switch_s, -self.graph_s])
+        """Coefficients of :meth:`EngineCostModel.parts`' last five entries (the overlap subtracts)."""
+        return np.array([self.iter_s, self.req_s, self.interference, self.switch_s, -self.overlap])
 
 
 @dataclass(frozen=True)
@@ -127,12 +132,12 @@ class EngineCostModel:
         return self.layers * 2.0 * self.prefill_q * total
 
     def parts(self, batch: Batch) -> tuple[float, float, float, float, float, float]:
-        """(kernel seconds, 1, requests in the batch, A if mixed else 0, switched, decode only): the time is
-        kernels + the dot product of the other five with :meth:`Overheads.vector`."""
+        """(kernel seconds F + V, 1, requests in the batch, A if mixed else 0, switched, min(F, V)): the time
+        is the kernels + the dot product of the other five with :meth:`Overheads.vector`."""
         c = self.costs
         p, ctx = batch.prefill_tokens, batch.decode_ctx
         n = ctx.size
-        k, att = 0.0, 0.0
+        k, att = 0.0, 0.0  # k: the work that grows with the batch; the fixed cost is added below
         if p:
             k += c.beta_p * p
             if self.prefill_q > 0 and batch.chunk_lens:
@@ -144,19 +149,17 @@ class EngineCostModel:
             else:
                 att = n * c.beta_d
                 k += att
-            k += c.alpha_d
-        else:
-            k += c.alpha_p
-        return (k, 1.0, float(batch.prefill_reqs + n), att if p and n else 0.0, float(batch.switched),
-                1.0 if n and not p else 0.0)
+        fixed = c.alpha_d if n else c.alpha_p
+        return k + fixed, 1.0, float(batch.prefill_reqs + n), att if p and n else 0.0, float(batch.switched), \
+            min(fixed, k)
 
     def step_time(self, batch: Batch) -> float:
         if not batch.prefill_tokens and not batch.decode_ctx.size:
             return 0.0
-        k, one, reqs, att_mixed, sw, dec = self.parts(batch)
+        k, one, reqs, att_mixed, sw, hidden = self.parts(batch)
         o = self.overheads
         return (k + o.iter_s * one + o.req_s * reqs + o.interference * att_mixed + o.switch_s * sw
-                - min(o.graph_s, self.costs.alpha_d) * dec)
+                - o.overlap * hidden)
 
 
 # --- building blocks -----------------------------------------------------------------------------------

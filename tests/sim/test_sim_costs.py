@@ -51,14 +51,14 @@ def test_prefill_is_linear_below_the_calibrated_lengths_and_grows_beyond(h200, k
 
 
 def test_every_kind_pays_the_overheads(h200, kernels):
-    o = gpucost.Overheads(iter_s=2e-3, req_s=3e-5, interference=0.5, switch_s=4e-3, graph_s=1e-3)
+    o = gpucost.Overheads(iter_s=2e-3, req_s=3e-5, interference=0.5, switch_s=4e-3)
     cm = kernels.with_overheads(o)
     pre = Batch(chunk_starts=[0, 0], chunk_lens=[300, 200], prefill_tokens=500, switched=True)
     dec = _decode(700, 100)
     mixed = Batch(chunk_starts=[0], chunk_lens=[300], prefill_tokens=300, decode_ctx=dec.decode_ctx)
-    # by hand: kernels + 2 ms + 30 µs per request (+ 4 ms for a switch; − 1 ms for a decode-only step)
+    # by hand: kernels + 2 ms + 30 µs per request (+ 4 ms for a switch)
     assert cm.step_time(pre) == pytest.approx(kernels.step_time(pre) + 2e-3 + 2 * 3e-5 + 4e-3)
-    assert cm.step_time(dec) == pytest.approx(kernels.step_time(dec) + 2e-3 + 100 * 3e-5 - 1e-3)
+    assert cm.step_time(dec) == pytest.approx(kernels.step_time(dec) + 2e-3 + 100 * 3e-5)
     # mixed: the prompt's and the rows' kernels with one α_d, + φ × the rows' attention at context 700
     attention = 100 * float(kernels.attention(700))
     parts = (kernels.step_time(Batch(chunk_starts=[0], chunk_lens=[300], prefill_tokens=300))
@@ -67,6 +67,23 @@ def test_every_kind_pays_the_overheads(h200, kernels):
     assert cm.step_time(mixed) == pytest.approx(parts + 2e-3 + 101 * 3e-5 + 0.5 * attention)
     with pytest.raises(ValueError, match="req_s"):
         gpucost.Overheads(req_s=-1.0)
+    with pytest.raises(ValueError, match="overlap"):
+        gpucost.Overheads(overlap=1.5)
+
+
+@pytest.mark.parametrize("n", [20, 400])
+def test_the_overlap_hides_the_smaller_of_the_fixed_cost_and_the_batch_work(h200, kernels, n):
+    # by hand from the profile: a decode step at context 512 is α_d (fixed) + n·β_d (the batch's work);
+    # ω = 1 is the roofline max of the two, ω = 0.5 hides half of the smaller one
+    c = h200.costs
+    fixed, work = c.alpha_d, n * c.beta_d
+    dec = _decode(512, n)
+    assert kernels.with_overheads(gpucost.Overheads(overlap=1.0)).step_time(dec) == pytest.approx(max(fixed, work))
+    half = kernels.with_overheads(gpucost.Overheads(overlap=0.5)).step_time(dec)
+    assert half == pytest.approx(fixed + work - 0.5 * min(fixed, work))
+    pre = Batch(chunk_starts=[0], chunk_lens=[4 * n], prefill_tokens=4 * n)  # prefill-only: α_p is the fixed part
+    assert kernels.with_overheads(gpucost.Overheads(overlap=1.0)).step_time(pre) == \
+        pytest.approx(max(c.alpha_p, 4 * n * c.beta_p))
 
 
 def test_interference_bound_is_the_worst_measured_mixing_slowdown():
