@@ -13,105 +13,28 @@ and says so in ``Policy.reason``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
-
-import numpy as np
 
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
 from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
+from ebctl.params import ControllerParams, Fit, OperatorMode, ThetaMethod
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
-from ebctl.tuner import MB, STOCK, Applied, Tuner, TunerParams
+from ebctl.steer import Steering
+from ebctl.trial import Applied
+from ebctl.tuner import Tuner
 
-ThetaMethod = Literal["paper", "cfr", "exact-fluid", "measured"]
+__all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMode", "ThetaMethod"]
+
 COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
-REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
-OperatorMode = Literal["eb", "eb+", "mb", "off"]
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerParams:
-    """Everything the controller is told (config.py builds this from file and flags)."""
-
-    mode: OperatorMode = "eb"  # eb: EB(k̂*, N̂*); eb+: Eq. 8 picks eb or mb; mb; off: stock engine
-    cold_mode: Literal["off", "eb", "mb"] = "off"  # before W_min completions: stock engine by default
-    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric; measured: ebctl.tuner
-    window: int = 500  # W
-    update_every: int = 100  # T_upd completions between updates
-    min_window: int = 30  # W_min
-    theta_default: float = 0.70
-    theta_min: float = 0.01
-    theta_max: float = 0.80
-    eps: float = 0.01  # allowed OOM probability (Eq. 6)
-    n_bound: Literal["probabilistic", "expected", "static"] = "probabilistic"
-    n_max_limit: int = 0  # cap on N̂*; 0: the engine's own max running requests (reported), else 256
-    n_floor_frac: float = 0.1  # N̂* ≥ this share of n_max_limit
-    n_min_interval_s: float = 2.0  # N changes at most this often
-    kv_capacity_tokens: int = 0  # C; 0: take kv_total from the engine's reports
-    discrete_correction: bool = False  # p0 → −ln(1−p0) (appendix B.3, source 4)
-    min_eta_t: float = 2.0  # Eq. 5 only when η̂ is this many standard errors above 0 (else CFR θ0)
-    delta: float = 0.0  # Eq. 8 bias, s/token: > 0 favours MB (latency), < 0 favours EB (throughput)
-    mode_hysteresis: float = 0.10  # switch only when Eq. 8 clears its bound by this share of β_EB^w:
-    # at W = 500 the sampling noise of (lhs − rhs) wanders by about ±10% of β_EB^w
-    mode_cooldown: int = 3  # updates between two mode switches
-    n_obs_alpha: float = 0.05  # EMA weight of the running batch size (N_obs)
-    kv_s: float = 0.5  # Eq. 23 s_KV
-    kv_f0: float = 0.0  # Eq. 23 f0
-    max_defer_s: float = 0.0  # anti-starvation bound handed to the gate (s); 0: auto (defer_factor, below)
-    defer_factor: float = 4.0  # auto bound: this many times the expected time to free k slots
-    ttl_s: float = 10.0  # policy lifetime at the engine
-    cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
-    cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
-    cost_window: int = 2000  # iterations kept per batch kind
-    cost_stale_s: float = 600.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
-    probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
-    probe_share: float = 0.03  # eb+: probes take at most this share of the time
-    tune_window: int = 200  # measured: completions per window (and at least one whole EB cycle)
-    tune_min_pairs: int = 2  # measured: window pairs before a trial may decide
-    tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
-    tune_min_effect: float = 0.01  # measured: a challenger must be this much faster to replace the incumbent
-    tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
-    tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
-    tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
-    k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
-    n_override: int = 0  # > 0: pin N (never above the engine's limit)
-
-    def tuner(self) -> TunerParams:
-        return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,
-                           min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
-                           min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
-                           recheck=self.tune_recheck)
-
-
-class Fit(NamedTuple):
-    """What one recompute found: the estimates, the closed-form policy, Eq. 8, and why."""
-
-    p0: float
-    hz: HazardFit
-    mu_l: float
-    mu_o: float
-    theta0: float
-    d_theta: float
-    theta: float  # the closed form's θ̂* (clipped)
-    n: int  # N̂* at θ̂* (Eq. 6, clipped, changed at most every n_min_interval_s)
-    k: int
-    mode: Mode  # the operator's mode, or Eq. 8's choice in eb+
-    kv: float  # Eq. 23 at N̂*
-    lhs: float
-    rhs: float
-    costs: model.Costs
-    cost_source: str
-    reasons: tuple[str, ...]
-
-
-class Controller:
+class Controller(Steering):
     """One engine's controller. ``observe`` each report; ``update(now)`` returns the current Policy."""
 
     def __init__(self, params: ControllerParams, costs: model.Costs | None = None, *, engine_id: str = "",
@@ -298,58 +221,6 @@ class Controller:
         return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
                    lhs, rhs, costs, cost_source, tuple(reasons))
 
-    def _tuner_context(self, mu_l: float, mu_o: float, entries: list[float], eq8: Mode) -> None:
-        """Hand the tuner its prior (the closed forms, Eq. 8's mode) and the request mix, and restart its search
-        when the workload moved: the window's geometric mean input length changed by more than a factor
-        e^``tune_drift`` since the search last started, or its output length by e^(2·``tune_drift``). Geometric
-        means, because the arithmetic mean of a heavy-tailed trace's window wanders by ±30% (Azure conversations,
-        W = 500). The outputs' bar is twice the inputs': which requests finish within a window depends on the
-        policy (EB's long cycles hold the long ones back), and on that trace the log-mean output moved by up to
-        ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
-        full and the engine has turned its batch over three times: until then the requests that finished first,
-        the short ones, weigh too much."""
-        p = self.params
-        if len(self.window) >= p.window and self.completions >= p.window + 3 * self.n_limit:
-            now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (self.window.inputs(), self.window.outputs()))
-            ref = self._drift_ref
-            if ref is None:
-                self._drift_ref = now
-            else:
-                moved = [f"{name} ×{math.exp(b - a):.2f}" for name, a, b, bar in
-                         zip(("L", "O"), ref, now, (p.tune_drift, 2 * p.tune_drift), strict=True) if abs(b - a) > bar]
-                if moved:
-                    self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
-                    self._drift_ref = now
-        self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
-                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o)
-
-    def _want(self, now: float) -> tuple[str, Mode | None]:
-        """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
-        fit = self.fit
-        arm = self.tuner.arm if self.measured else ""
-        if fit is None:
-            return arm, None
-        running = fit.mode if not arm else self.tuner.mode(arm)
-        return arm, self._probe(now, running)
-
-    def _probe(self, now: float, running: Mode) -> Mode | None:
-        """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``), never during a
-        mode switch's cooldown or a tuner trial, and only where the running mode's own fits are being learned."""
-        p = self.params
-        if (p.mode != "eb+" or not p.cost_online or running not in (Mode.EB, Mode.MB)
-                or (self.measured and self.tuner.trial is not None)
-                or (running is Mode.EB and self.mixed_unavailable)):
-            self.probe.stop(now)
-            return None
-        oc, stale = self.online_costs, p.cost_stale_s
-        if running is Mode.EB:
-            need = oc.missing(BatchKind.MIXED, now, stale) if oc.passed(BatchKind.DECODE) else ""
-        else:
-            need = ((oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale))
-                    if oc.passed(BatchKind.MIXED) else "")
-        cooling = not self.measured and self.updates_since_switch <= p.mode_cooldown
-        return self.probe.decide(now, running, need.split(" ", 1)[0], cooling)
-
     def _issue(self, now: float) -> Policy:
         """The policy of the last fit: the closed form's, or the tuner's arm; a probe's mode on top."""
         p, fit = self.params, self.fit
@@ -378,41 +249,6 @@ class Controller:
         return Policy(engine_id=self.engine_id, version=version, issued_at=now, ttl_s=p.ttl_s, mode=mode, k=k,
                       n_max=n, kv_reserve_frac=kv, max_defer_s=self._defer_clock(k, n, fit.p0),
                       reason="; ".join(reasons) or "ok", estimates=est)
-
-    def _arm(self, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:
-        """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes
-        at its limit, EB(θ) takes N from Eq. 6 at that θ, but at most 97% of the batch the engine's own admission
-        was seen to stop at (``Tuner.reach``): sglang reserves each running request's remaining output in its
-        admission, so it can stop below Eq. 6's N, and the gate, which ends a refill only at N or at the KV
-        reserve, would then never end it (EB would run as stock). Frozen while a trial runs: the two arms it
-        compares keep the numbers they started with."""
-        if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
-            self._arms.clear()
-            self._arms_trial = self.tuner.trial_id
-        if arm in self._arms:
-            return self._arms[arm]
-        limit = self.n_limit
-        if arm in (STOCK, MB):
-            out = (Mode.MB if arm == MB else Mode.OFF, math.nan, limit, 1, 0.0)
-        else:
-            theta = self.tuner.theta(arm)
-            n = self._eq6(theta, fit.p0, fit.mu_l)
-            reach = self.tuner.reach
-            if math.isfinite(reach):  # a batch the engine cannot hold never fills: the refill would never end
-                n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(self.params.n_floor_frac * self.n_limit), 1))
-            n, _ = self._pinned(n, 1)
-            out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), self._kv_reserve(n, fit.mu_o))
-        self._arms[arm] = out
-        return out
-
-    def _tuner_reason(self) -> str:
-        t = self.tuner
-        where = t.incumbent if not t.incumbent.startswith("eb@") else f"theta={t.theta(t.incumbent):.3g}"
-        if t.trial is not None:
-            ch = t.trial.challenger
-            ch = ch if not ch.startswith("eb@") else f"theta={t.theta(ch):.3g}"
-            return f"measured: trial of {ch} against {where} ({len(t.trial.rates)} windows)"
-        return f"measured: {t.state()} at {where}"
 
     def _kv_reserve(self, n: int, mu_o: float) -> float:
         """Eq. 23's KV reserve at batch size n (0 while the KV capacity is unknown)."""

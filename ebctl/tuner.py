@@ -3,73 +3,47 @@ throughput the engine itself delivers while it is saturated.
 
 The closed forms (Eq. 3, Eq. 5) are only as good as the cost model behind them, and the best θ of a real engine
 can sit far from them (the paper's Table 13 peaks at θ = 0.6-0.7 where Eq. 3 gives 0.02-0.05). So the tuner
-compares operating points, *arms*, on one axis of exclusivity, by what the engine measures:
+compares operating points, *arms*, on one axis of exclusivity, by what the engine measures (``ebctl.trial``):
 
     mb (mixed batches, eb+ only, where the engine can mix) — stock (the engine's own prefill-first rule,
-    k = 1: the server the operator had) — EB(θ) for θ on a log grid θ_min..θ_max (quarter octaves)
+    k = 1: the server the operator had) — EB(θ) for θ on a log grid θ_max·2^(−i/4) down to θ_min
 
-It starts at stock and moves only on a measured gain. From stock (or mb) it tries the closed forms (θ0 + Δθ,
-then θ0: the prior) and mb; from EB(θ) it tries θ·2^±s (a step of s octaves, at most ``step_max``, halved
-when both directions lose, down to a quarter octave; below θ_min lies stock). Once settled it re-checks its
-neighbours and stock after ``recheck`` completions, then twice as long each time.
+It starts at stock and moves only on a measured gain. From stock or mb it tries mb or stock (the cheapest
+trial: neither has cycles), then the closed forms (θ0 + Δθ, then θ0: the prior); from EB(θ) it tries θ·2^±s
+(a step of s octaves, at most ``step_max``, halved when both directions lose, down to a quarter octave; below
+θ_min lies stock), going on in the direction of the last win. Once nothing is left to try it settles, and
+re-checks its neighbours and stock in turn after ``recheck`` completions, then twice as long each time.
 
-**A trial** (incumbent A, challenger B) measures windows in the order A0 B1 A1 B2 A2 ...; pair i compares B_i
-with the mean of the incumbent's windows on both sides (a linear drift cancels). After every switch of arm one
-window is run and dropped: the batch the previous arm left behind (its size, its requests' ages) takes about
-one window to wash out, and the first window after a switch measured 5-25% off in the simulator. A window is
-a run of whole EB cycles of one arm (it opens and closes at a refill the threshold started: a prefill after a
-decode step that left ≤ N − k requests; for stock and mb every iteration closes a cycle) holding at least
-``window`` completions, all of it saturated: requests waited on ≥ 90% of its time, and under EB more than N
-were in the engine (so the gate's own deferral does not count as load). What a window measures is the served
-token rate: (prefill tokens + decode tokens + first tokens) / its wall time. In a steady state this is the
-engine's total token throughput, and over whole cycles it is several times less noisy than counting the tokens
-of finished requests (their lengths are heavy-tailed); a retraction's re-prefill counts as served, which can
-only favour the stock engine, the one that retracts. The iterations between a switch and the new arm's first
-refill belong to neither arm and are dropped.
+Trials run only while the engine is saturated, so below saturation θ does not move. After every switch of arm
+one window is run and dropped: the batch the previous arm left (its size, its requests' ages) takes about one
+window to wash out (in the simulator the first window after a switch measured 2-9% off, the next ones within
+1%). The iterations between a switch and the new arm's first cycle belong to neither arm.
 
-**The test**: d_i = ln(rate_B / rate_A) per pair. After at least ``min_pairs`` pairs, B wins if mean(d) ≥
-ln(1 + ``min_effect``) and its 95% interval lies above 0; B loses if that interval lies below ln(1 + min_effect)
-or after ``max_pairs`` pairs. The standard deviation is shrunk towards the one pooled over earlier trials (a
-scaled inverse-χ² prior worth 2 pairs), so that two or three pairs do not make a confident verdict of chance.
-Windows that are not saturated are dropped; three in a row end the trial (the incumbent stays).
+**Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
+dropped, the search starts again from the incumbent with its largest step.
 
-**Drift**: the controller calls :meth:`Tuner.reset` when the input-length or output-length fit moved; the
-trial in progress is dropped, the search starts again from the incumbent with its largest step.
-
-Pure: reports and versions in, the arm to run out; no clock (time comes in the reports), no I/O.
+Pure: reports and policy versions in, the arm to run out; no clock (time comes in the reports), no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from ebctl.protocol import BatchKind, IterationReport, Mode
+from ebctl.trial import PRIOR_PAIRS, Applied, Trial, Verdict, Window, verdict
 
 STOCK, MB = "stock", "mb"
 QUARTERS = 4  # grid points per octave of θ
-SATURATED_SHARE = 0.9  # a window counts when requests waited on at least this share of its time
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
 PRIOR_SD = 0.015  # sd of a pair's ln-ratio before a trial measured one (steady windows: 0.3-1.5% in the simulator)
-PRIOR_PAIRS = 2.0  # weight (pseudo-pairs) of the pooled sd in a trial's own sd
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
-_T975 = stats.t.ppf(0.975, np.arange(1, 200))  # two-sided 95% Student t by degrees of freedom (index df − 1)
-
-
-class Applied(NamedTuple):
-    """What the controller published for an arm under one policy version."""
-
-    arm: str
-    mode: Mode
-    k: int
-    n_max: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,101 +56,6 @@ class TunerParams:
     min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
     step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
     recheck: int = 4000  # completions between settling and the first re-check
-
-
-@dataclass(slots=True)
-class Window:
-    """One arm's run of whole cycles: its time and tokens split by phase, its completions, how much of it was
-    saturated. A mixed iteration's time is split between its prefill tokens and decode rows by their numbers."""
-
-    arm: str
-    start: float  # wall time at which its first iteration began
-    end: float = math.nan
-    completions: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    idle_s: float = 0.0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    saturated_s: float = 0.0
-
-    def add(self, r: IterationReport, dt: float) -> None:
-        p, d = r.prefill_tokens, r.decode_reqs
-        self.completions += len(r.finished)
-        self.prefill_tokens += p
-        self.decode_tokens += d
-        if p + d == 0:
-            self.idle_s += dt
-        else:
-            self.prefill_s += dt * p / (p + d)
-            self.decode_s += dt * d / (p + d)
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
-
-    def rate(self, mu_l: float, mu_o: float) -> float:
-        """Served tokens per second of a request mix with mean prompt μ_L and output μ_O: (μ_L + μ_O) over
-        μ_L·τ_p + (μ_O − 1)·τ_d, with τ_p, τ_d the seconds per prefill and decode token the window measured
-        (idle time spread over both). Without both kinds of token, or without μ: tokens over time."""
-        busy = self.prefill_s + self.decode_s
-        if busy <= 0:
-            return math.nan
-        if not (self.prefill_tokens and self.decode_tokens and mu_l > 0 and mu_o >= 1):
-            return (self.prefill_tokens + self.decode_tokens + self.completions) / (busy + self.idle_s)
-        t_req = mu_l * self.prefill_s / self.prefill_tokens + (mu_o - 1) * self.decode_s / self.decode_tokens
-        return (mu_l + mu_o) / t_req * busy / (busy + self.idle_s)
-
-    @property
-    def saturated(self) -> bool:
-        return self.seconds > 0 and self.saturated_s >= SATURATED_SHARE * self.seconds
-
-
-@dataclass(slots=True)
-class Trial:
-    """Windows measured in the order A0 B1 A1 B2 A2 ... (A: the incumbent, B: the challenger)."""
-
-    incumbent: str
-    challenger: str
-    started: float
-    rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
-    invalid: int = 0  # unsaturated windows in a row
-
-    def arm(self) -> str:
-        """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""
-        return self.incumbent if len(self.rates) % 2 == 0 else self.challenger
-
-    def diffs(self) -> np.ndarray:
-        """d_i = ln B_i − (ln A_{i−1} + ln A_i)/2 of each complete pair: the incumbent's windows on both sides
-        of the challenger's cancel a linear drift."""
-        ln = [math.log(r) for _, r in self.rates]
-        return np.asarray([ln[i] - (ln[i - 1] + ln[i + 1]) / 2 for i in range(1, len(ln) - 1, 2)])
-
-
-class Verdict(NamedTuple):
-    decision: str  # "win", "lose" or "" (go on)
-    effect: float  # mean ln-ratio (challenger over incumbent)
-    half_width: float  # of its 95% interval
-
-
-def verdict(d: np.ndarray, *, prior_sd: float, min_pairs: int, max_pairs: int, min_effect: float) -> Verdict:
-    """The trial's test on the pairs' ln-ratios ``d`` (module docstring)."""
-    n = len(d)
-    if n == 0:
-        return Verdict("", math.nan, math.inf)
-    mean = float(d.mean())
-    ss = float(((d - mean) ** 2).sum())
-    df = n - 1 + PRIOR_PAIRS
-    sd = math.sqrt((ss + PRIOR_PAIRS * prior_sd**2) / df)
-    half = float(_T975[min(int(df), len(_T975)) - 1]) * sd / math.sqrt(n)
-    if n < min_pairs:
-        return Verdict("", mean, half)
-    bar = math.log1p(min_effect)
-    if mean >= bar and mean - half > 0:
-        return Verdict("win", mean, half)
-    if mean + half < bar or mean <= 0 or n >= max_pairs:
-        return Verdict("lose", mean, half)
-    return Verdict("", mean, half)
 
 
 class Tuner:

@@ -1,0 +1,90 @@
+"""What the controller is told (``ControllerParams``, built by ``ebctl.config`` from the file and flags) and what
+one recompute finds (``Fit``). Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from ebctl import model
+from ebctl.estimate import HazardFit
+from ebctl.protocol import Mode
+from ebctl.tuner import TunerParams
+
+ThetaMethod = Literal["paper", "cfr", "exact-fluid", "measured"]
+OperatorMode = Literal["eb", "eb+", "mb", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerParams:
+    """Everything the controller is told (config.py builds this from file and flags)."""
+
+    mode: OperatorMode = "eb"  # eb: EB(k̂*, N̂*); eb+: Eq. 8 picks eb or mb; mb; off: stock engine
+    cold_mode: Literal["off", "eb", "mb"] = "off"  # before W_min completions: stock engine by default
+    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric; measured: ebctl.tuner
+    window: int = 500  # W
+    update_every: int = 100  # T_upd completions between updates
+    min_window: int = 30  # W_min
+    theta_default: float = 0.70
+    theta_min: float = 0.01
+    theta_max: float = 0.80
+    eps: float = 0.01  # allowed OOM probability (Eq. 6)
+    n_bound: Literal["probabilistic", "expected", "static"] = "probabilistic"
+    n_max_limit: int = 0  # cap on N̂*; 0: the engine's own max running requests (reported), else 256
+    n_floor_frac: float = 0.1  # N̂* ≥ this share of n_max_limit
+    n_min_interval_s: float = 2.0  # N changes at most this often
+    kv_capacity_tokens: int = 0  # C; 0: take kv_total from the engine's reports
+    discrete_correction: bool = False  # p0 → −ln(1−p0) (appendix B.3, source 4)
+    min_eta_t: float = 2.0  # Eq. 5 only when η̂ is this many standard errors above 0 (else CFR θ0)
+    delta: float = 0.0  # Eq. 8 bias, s/token: > 0 favours MB (latency), < 0 favours EB (throughput)
+    mode_hysteresis: float = 0.10  # switch only when Eq. 8 clears its bound by this share of β_EB^w:
+    # at W = 500 the sampling noise of (lhs − rhs) wanders by about ±10% of β_EB^w
+    mode_cooldown: int = 3  # updates between two mode switches
+    n_obs_alpha: float = 0.05  # EMA weight of the running batch size (N_obs)
+    kv_s: float = 0.5  # Eq. 23 s_KV
+    kv_f0: float = 0.0  # Eq. 23 f0
+    max_defer_s: float = 0.0  # anti-starvation bound handed to the gate (s); 0: auto (defer_factor, below)
+    defer_factor: float = 4.0  # auto bound: this many times the expected time to free k slots
+    ttl_s: float = 10.0  # policy lifetime at the engine
+    cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
+    cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
+    cost_window: int = 2000  # iterations kept per batch kind
+    cost_stale_s: float = 600.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
+    probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
+    probe_share: float = 0.03  # eb+: probes take at most this share of the time
+    tune_window: int = 200  # measured: completions per window (and at least one whole EB cycle)
+    tune_min_pairs: int = 2  # measured: window pairs before a trial may decide
+    tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
+    tune_min_effect: float = 0.01  # measured: a challenger must be this much faster to replace the incumbent
+    tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
+    tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
+    tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
+    k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
+    n_override: int = 0  # > 0: pin N (never above the engine's limit)
+
+    def tuner(self) -> TunerParams:
+        return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,
+                           min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
+                           min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
+                           recheck=self.tune_recheck)
+
+
+class Fit(NamedTuple):
+    """What one recompute found: the estimates, the closed-form policy, Eq. 8, and why."""
+
+    p0: float
+    hz: HazardFit
+    mu_l: float
+    mu_o: float
+    theta0: float
+    d_theta: float
+    theta: float  # the closed form's θ̂* (clipped)
+    n: int  # N̂* at θ̂* (Eq. 6, clipped, changed at most every n_min_interval_s)
+    k: int
+    mode: Mode  # the operator's mode, or Eq. 8's choice in eb+
+    kv: float  # Eq. 23 at N̂*
+    lhs: float
+    rhs: float
+    costs: model.Costs
+    cost_source: str
+    reasons: tuple[str, ...]

@@ -1,0 +1,110 @@
+"""What the controller runs between two recomputes, beyond the closed forms: the measured threshold's arm
+(``ebctl.tuner``) and eb+'s probes of the other mode (``ebctl.probe``). A mixin of ``Controller``: the
+methods read its fit, its windows and its parameters; kept apart so that Algorithm 1 reads alone."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ebctl.protocol import BatchKind, Mode
+from ebctl.tuner import MB, STOCK
+
+if TYPE_CHECKING:
+    from ebctl.controller import Controller
+    from ebctl.params import Fit
+
+REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
+
+
+class Steering:
+    """The tuner's arms and the probes (mixed into ``Controller``)."""
+
+    def _tuner_context(self: Controller, mu_l: float, mu_o: float, entries: list[float], eq8: Mode) -> None:
+        """Hand the tuner its prior (the closed forms, Eq. 8's mode) and the request mix, and restart its search
+        when the workload moved: the window's geometric mean input length changed by more than a factor
+        e^``tune_drift`` since the search last started, or its output length by e^(2·``tune_drift``). Geometric
+        means, because the arithmetic mean of a heavy-tailed trace's window wanders by ±30% (Azure conversations,
+        W = 500). The outputs' bar is twice the inputs': which requests finish within a window depends on the
+        policy (EB's long cycles hold the long ones back), and on that trace the log-mean output moved by up to
+        ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
+        full and the engine has turned its batch over three times: until then the requests that finished first,
+        the short ones, weigh too much."""
+        p = self.params
+        if len(self.window) >= p.window and self.completions >= p.window + 3 * self.n_limit:
+            now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (self.window.inputs(), self.window.outputs()))
+            ref = self._drift_ref
+            if ref is None:
+                self._drift_ref = now
+            else:
+                moved = [f"{name} ×{math.exp(b - a):.2f}" for name, a, b, bar in
+                         zip(("L", "O"), ref, now, (p.tune_drift, 2 * p.tune_drift), strict=True) if abs(b - a) > bar]
+                if moved:
+                    self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
+                    self._drift_ref = now
+        self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o)
+
+    def _want(self: Controller, now: float) -> tuple[str, Mode | None]:
+        """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
+        fit = self.fit
+        arm = self.tuner.arm if self.measured else ""
+        if fit is None:
+            return arm, None
+        running = fit.mode if not arm else self.tuner.mode(arm)
+        return arm, self._probe(now, running)
+
+    def _probe(self: Controller, now: float, running: Mode) -> Mode | None:
+        """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``), never during a
+        mode switch's cooldown or a tuner trial, and only where the running mode's own fits are being learned."""
+        p = self.params
+        if (p.mode != "eb+" or not p.cost_online or running not in (Mode.EB, Mode.MB)
+                or (self.measured and self.tuner.trial is not None)
+                or (running is Mode.EB and self.mixed_unavailable)):
+            self.probe.stop(now)
+            return None
+        oc, stale = self.online_costs, p.cost_stale_s
+        if running is Mode.EB:
+            need = oc.missing(BatchKind.MIXED, now, stale) if oc.passed(BatchKind.DECODE) else ""
+        else:
+            need = ((oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale))
+                    if oc.passed(BatchKind.MIXED) else "")
+        cooling = not self.measured and self.updates_since_switch <= p.mode_cooldown
+        return self.probe.decide(now, running, need.split(" ", 1)[0], cooling)
+
+    def _arm(self: Controller, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:
+        """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes
+        at its limit, EB(θ) takes N from Eq. 6 at that θ, but at most 97% of the batch the engine's own admission
+        was seen to stop at (``Tuner.reach``): sglang reserves each running request's remaining output in its
+        admission, so it can stop below Eq. 6's N, and the gate, which ends a refill only at N or at the KV
+        reserve, would then never end it (EB would run as stock). Frozen while a trial runs: the two arms it
+        compares keep the numbers they started with."""
+        if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
+            self._arms.clear()
+            self._arms_trial = self.tuner.trial_id
+        if arm in self._arms:
+            return self._arms[arm]
+        limit = self.n_limit
+        if arm in (STOCK, MB):
+            out = (Mode.MB if arm == MB else Mode.OFF, math.nan, limit, 1, 0.0)
+        else:
+            theta = self.tuner.theta(arm)
+            n = self._eq6(theta, fit.p0, fit.mu_l)
+            reach = self.tuner.reach
+            if math.isfinite(reach):  # a batch the engine cannot hold never fills: the refill would never end
+                n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(self.params.n_floor_frac * self.n_limit), 1))
+            n, _ = self._pinned(n, 1)
+            out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), self._kv_reserve(n, fit.mu_o))
+        self._arms[arm] = out
+        return out
+
+    def _tuner_reason(self) -> str:
+        t = self.tuner
+        where = t.incumbent if not t.incumbent.startswith("eb@") else f"theta={t.theta(t.incumbent):.3g}"
+        if t.trial is not None:
+            ch = t.trial.challenger
+            ch = ch if not ch.startswith("eb@") else f"theta={t.theta(ch):.3g}"
+            return f"measured: trial of {ch} against {where} ({len(t.trial.rates)} windows)"
+        return f"measured: {t.state()} at {where}"

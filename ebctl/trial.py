@@ -1,0 +1,146 @@
+"""What the measured threshold measures (``ebctl.tuner``): windows of one arm, trials of two, and the test.
+
+**A window** is a run of whole cycles of one arm holding at least ``window`` completions. Under EB a cycle runs
+from the first decode step after a refill the threshold started to the next one (the batch at its fullest;
+``Tuner._boundary``); stock and mb have no cycle of their own. What it measures is a served-token rate for the
+request mix the controller sees (mean prompt μ_L, mean output μ_O):
+
+    rate = (μ_L + μ_O) / (μ_L·τ_p + (μ_O − 1)·τ_d)
+
+with τ_p and τ_d the wall seconds per prefill and per decode token the window measured (a mixed iteration's
+time split between its prefill tokens and decode rows by their numbers). In a steady state this is the
+engine's total token throughput; unlike tokens over time it does not move when a window holds more or less
+prefill than the steady mix (a burst of admissions after a switch, a cohort of young requests that finishes
+late): in the simulator stock's windows of 200 completions vary by 0.3-1.5% this way, against 2-5% for
+processed tokens over time, and counting finished requests' tokens (heavy-tailed lengths) is noisier still.
+A window counts only when saturated: requests waited on ≥ 90% of its time and, under EB, more than N were in
+the engine (the gate's own deferral is not load).
+
+**A trial** (incumbent A, challenger B) measures windows in the order A0 B1 A1 B2 A2 ...; pair i compares B_i
+with the mean of the incumbent's windows on both sides, so a linear drift cancels: d_i = ln B_i −
+(ln A_{i−1} + ln A_i)/2. After at least ``min_pairs`` pairs, B wins if mean(d) ≥ ln(1 + ``min_effect``) and
+the 95% interval lies above 0; it loses if the interval lies below ln(1 + min_effect), if mean(d) ≤ 0, or
+after ``max_pairs`` pairs. The standard deviation is shrunk towards the one pooled over earlier trials (a
+scaled inverse-χ² prior worth ``PRIOR_PAIRS`` pairs), so two pairs do not make a confident verdict of chance.
+
+Pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from ebctl.protocol import IterationReport, Mode
+
+SATURATED_SHARE = 0.9  # a window counts when requests waited on at least this share of its time
+PRIOR_PAIRS = 2.0  # weight (pseudo-pairs) of the pooled sd in a trial's own sd
+_T975 = stats.t.ppf(0.975, np.arange(1, 200))  # two-sided 95% Student t by degrees of freedom (index df − 1)
+
+
+class Applied(NamedTuple):
+    """What the controller published for an arm under one policy version."""
+
+    arm: str
+    mode: Mode
+    k: int
+    n_max: int
+
+
+@dataclass(slots=True)
+class Window:
+    """One arm's run of whole cycles: its time and tokens split by phase, its completions, how much of it was
+    saturated. A mixed iteration's time is split between its prefill tokens and decode rows by their numbers."""
+
+    arm: str
+    start: float  # wall time at which its first iteration began
+    end: float = math.nan
+    completions: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    idle_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    saturated_s: float = 0.0
+
+    def add(self, r: IterationReport, dt: float) -> None:
+        p, d = r.prefill_tokens, r.decode_reqs
+        self.completions += len(r.finished)
+        self.prefill_tokens += p
+        self.decode_tokens += d
+        if p + d == 0:
+            self.idle_s += dt
+        else:
+            self.prefill_s += dt * p / (p + d)
+            self.decode_s += dt * d / (p + d)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def rate(self, mu_l: float, mu_o: float) -> float:
+        """Served tokens per second of a request mix with mean prompt μ_L and output μ_O: (μ_L + μ_O) over
+        μ_L·τ_p + (μ_O − 1)·τ_d, with τ_p, τ_d the seconds per prefill and decode token the window measured
+        (idle time spread over both). Without both kinds of token, or without μ: tokens over time."""
+        busy = self.prefill_s + self.decode_s
+        if busy <= 0:
+            return math.nan
+        if not (self.prefill_tokens and self.decode_tokens and mu_l > 0 and mu_o >= 1):
+            return (self.prefill_tokens + self.decode_tokens + self.completions) / (busy + self.idle_s)
+        t_req = mu_l * self.prefill_s / self.prefill_tokens + (mu_o - 1) * self.decode_s / self.decode_tokens
+        return (mu_l + mu_o) / t_req * busy / (busy + self.idle_s)
+
+    @property
+    def saturated(self) -> bool:
+        return self.seconds > 0 and self.saturated_s >= SATURATED_SHARE * self.seconds
+
+
+@dataclass(slots=True)
+class Trial:
+    """Windows measured in the order A0 B1 A1 B2 A2 ... (A: the incumbent, B: the challenger)."""
+
+    incumbent: str
+    challenger: str
+    started: float
+    rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
+    invalid: int = 0  # unsaturated windows in a row
+
+    def arm(self) -> str:
+        """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""
+        return self.incumbent if len(self.rates) % 2 == 0 else self.challenger
+
+    def diffs(self) -> np.ndarray:
+        """d_i = ln B_i − (ln A_{i−1} + ln A_i)/2 of each complete pair: the incumbent's windows on both sides
+        of the challenger's cancel a linear drift."""
+        ln = [math.log(r) for _, r in self.rates]
+        return np.asarray([ln[i] - (ln[i - 1] + ln[i + 1]) / 2 for i in range(1, len(ln) - 1, 2)])
+
+
+class Verdict(NamedTuple):
+    decision: str  # "win", "lose" or "" (go on)
+    effect: float  # mean ln-ratio (challenger over incumbent)
+    half_width: float  # of its 95% interval
+
+
+def verdict(d: np.ndarray, *, prior_sd: float, min_pairs: int, max_pairs: int, min_effect: float) -> Verdict:
+    """The trial's test on the pairs' ln-ratios ``d`` (module docstring)."""
+    n = len(d)
+    if n == 0:
+        return Verdict("", math.nan, math.inf)
+    mean = float(d.mean())
+    ss = float(((d - mean) ** 2).sum())
+    df = n - 1 + PRIOR_PAIRS
+    sd = math.sqrt((ss + PRIOR_PAIRS * prior_sd**2) / df)
+    half = float(_T975[min(int(df), len(_T975)) - 1]) * sd / math.sqrt(n)
+    if n < min_pairs:
+        return Verdict("", mean, half)
+    bar = math.log1p(min_effect)
+    if mean >= bar and mean - half > 0:
+        return Verdict("win", mean, half)
+    if mean + half < bar or mean <= 0 or n >= max_pairs:
+        return Verdict("lose", mean, half)
+    return Verdict("", mean, half)
