@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ebctl import profiles
+from ebctl import model, profiles
 from ebctl.sim import gpucost, paperdata, paperfit, policies, runner
 
 CONCURRENCY = 2048
@@ -47,6 +47,18 @@ FIG3 = {"decode-heavy": "geometric:L=128,O=1024", "balanced": "geometric:L=512,O
         "prefill-heavy": "geometric:L=1024,O=128"}
 FIG3_N, FIG3_B = 1024, 8192
 RTX = "RTX-PRO-6000"
+SWITCH_PROBE_S = (0.1, 0.3, 1.0)  # Table 13's evidence: the switch cost its shape would need (bound: α_p)
+
+
+def closed_form(name: str) -> str:
+    """Figure 3's EB(k̂*) with the estimates held at the workload's true values (geometric: p0 = 1/μ_O, no IFR
+    correction; μ_L): θ0 (Eq. 3) with the profile's α_p/α_d, N* (Eq. 6, ε = 0.01) capped at N = 1,024."""
+    mu_l, mu_o = paperdata.data()["figure3_eb_vs_best_fixed_k_pct"]["points"][name]["mu_L"], \
+        paperdata.data()["figure3_eb_vs_best_fixed_k_pct"]["points"][name]["mu_O"]
+    c, p0 = profiles.load(paperfit.GPUS["H200"]).costs, 1.0 / mu_o
+    theta = model.theta0(p0 * c.alpha_p / c.alpha_d)
+    n = min(FIG3_N, model.n_star(paperfit.engine("H200", FIG3_N, FIG3_B).kv_tokens, 0.01, theta, p0, mu_l))
+    return f"eb:k={max(1, int(theta * n))},n={n}"
 
 
 def simulate(job: tuple) -> tuple[tuple, dict]:
@@ -58,7 +70,11 @@ def simulate(job: tuple) -> tuple[tuple, dict]:
     src = policies.make(spec, max_running=n, kv_tokens=cfg.kv_tokens, costs=prof.costs)
     res = runner.run(paperfit.workload(wl_name, requests), src, cm, cfg, concurrency=CONCURRENCY)
     fp = res.get("final_policy") or {}
-    return job, {"req_per_s": res["req_per_s"], "tok_per_s": res["total_tok_per_s"],
+    eb = [(k, n) for _, mode, k, n in res["mode_timeline"] if mode == "eb"]
+    theta = [k / n for k, n in eb if n]
+    return job, {"n_range": (min(n for _, n in eb), max(n for _, n in eb)) if eb else None,
+                 "theta_range": (min(theta), max(theta)) if theta else None,
+                 "req_per_s": res["req_per_s"], "tok_per_s": res["total_tok_per_s"],
                  "tpot_ms": res["tpot_s"]["mean"] * 1e3, "running": res["mean_running"],
                  "preemptions": res["preemptions"], "k": fp.get("k"), "n_max": fp.get("n_max")}
 
@@ -101,8 +117,10 @@ def main() -> None:
            for name, wl in T13_WORKLOADS.items() for th in (*T13_THETAS, None)}
     sweep = policies.theta_sweep() if not a.quick else ["eb:theta=0.10", "eb:theta=0.50", "eb:theta=0.90"]
     f3 = {(name, s): ("H200", wl, s, FIG3_N, FIG3_B, 4000, _o(full["H200"])) for name, wl in FIG3.items()
-          for s in [*sweep, "eb-auto"]}
-    sims = run_all([*t2.values(), *t13.values(), *f3.values()], a.jobs)
+          for s in [*sweep, "eb-auto", closed_form(name)]}
+    probe = {(name, sw, th): (*t13[(name, th)][:6], (*_o(full[RTX])[:3], sw, *_o(full[RTX])[4:]))
+             for name in T13_WORKLOADS for sw in SWITCH_PROBE_S for th in T13_THETAS}
+    sims = run_all([*t2.values(), *t13.values(), *f3.values(), *probe.values()], a.jobs)
 
     print(f"Made by `python tools/sim_vs_paper.py {' '.join(sys.argv[1:])}` ({time.monotonic() - t0:.0f} s). "
           "vLLM's rules, Qwen3-8B, the end-to-end GPU cost model.\n")
@@ -142,6 +160,16 @@ def main() -> None:
                   f"{auto['n_max']}) | {pct['fixed']:+.1f}% ({key[2].split('=')[1]}, {key[3]}) | "
                   f"{f'{tp:.1f}' if tp else '–'} / {auto['tpot_ms']:.1f} |")
 
+    hard = "eb/v1 ShareGPT"
+    pushed = paperfit.fit_gpu(RTX, runs, weights={hard: 10.0})
+    worst = max(paperfit.cells(RTX), key=lambda c: abs(math.log(paperfit.predict_cell(runs, RTX, c[0],
+                                                                                     pushed.vector()) / c[1])))
+    print(f"\nHow far the bounds let RTX PRO 6000 ShareGPT go: fitted with that cell in, EB/v1 (best fixed θ) "
+          f"{(paperfit.predict_cell(runs, RTX, hard, full[RTX].vector()) - 1) * 100:+.1f}%; with its residual "
+          f"weighted 10×, {(paperfit.predict_cell(runs, RTX, hard, pushed.vector()) - 1) * 100:+.1f}% "
+          f"({paperfit.describe(pushed)}; the worst other cell then {worst[0]}, log(sim/paper) "
+          f"{math.log(paperfit.predict_cell(runs, RTX, worst[0], pushed.vector()) / worst[1]):+.3f}).")
+
     print(f"\n**Table 13** (RTX PRO 6000, total tokens/s, B = {b13}, N ≤ {n13}; fixed θ = the controller with θ "
           "pinned; never fitted):\n")
     print("| workload | | " + " | ".join(f"θ={t}" for t in T13_THETAS) + " | adaptive | optimum θ | θ=0.1 / peak |")
@@ -159,10 +187,21 @@ def main() -> None:
         n_hat = [sims[t13[(name, th)]]["n_max"] for th in T13_THETAS]
         print(f"| {name} | sim N̂* | " + " | ".join(str(v) for v in n_hat) + " | | | |")
         t13_ok.append((abs(opt["sim"][0] - opt["paper"][0]) <= 0.2 + 1e-9, opt["sim"][1] < 0.92))
+    print(f"\nWhat Table 13's shape would need (the same runs with a larger switch cost; its bound α_p = "
+          f"{full[RTX].switch_s * 1e3:.1f} ms binds in the fit): optimum θ, θ = 0.1 / peak\n")
+    print("| switch cost | " + " | ".join(T13_WORKLOADS) + " |\n|---|" + "---|" * len(T13_WORKLOADS))
+    for sw in SWITCH_PROBE_S:
+        cells = []
+        for name in T13_WORKLOADS:
+            vals = [sims[probe[(name, sw, th)]]["tok_per_s"] for th in T13_THETAS]
+            cells.append(f"{T13_THETAS[int(np.argmax(vals))]}, {vals[0] / max(vals):.1%}")
+        print(f"| {sw * 1e3:,.0f} ms | " + " | ".join(cells) + " |")
 
     print(f"\n**Figure 3** (H200, N = {FIG3_N}, B = {FIG3_B}, geometric outputs; never fitted):\n")
     print("| workload | paper EB(k̂*) vs best fixed k | sim EB(k̂*) / best fixed θ | sim best fixed θ | sim k̂*, N̂* "
-          "(final) | preemptions: best fixed θ / EB(k̂*) |\n|---|---|---|---|---|---|")
+          "(final) | its N̂*, θ̂* over the run | preemptions: best fixed θ / EB(k̂*) | best fixed θ that preempted / "
+          "best | the closed forms at the true p0, μ_L / best fixed θ |")
+    print("|---|---|---|---|---|---|---|---|---|")
     f3_ratio = []
     for name in FIG3:
         fixed = {s: sims[f3[(name, s)]] for s in sweep}
@@ -170,8 +209,13 @@ def main() -> None:
         top = max(fixed, key=lambda s: fixed[s]["req_per_s"])
         pct = meas["figure3_eb_vs_best_fixed_k_pct"]["points"][name]["pct"]
         f3_ratio.append(auto["req_per_s"] / fixed[top]["req_per_s"])
+        steady = sims[f3[(name, closed_form(name))]]["req_per_s"] / fixed[top]["req_per_s"]
+        (n_lo, n_hi), (t_lo, t_hi) = auto["n_range"], auto["theta_range"]
+        hit = [r["req_per_s"] for r in fixed.values() if r["preemptions"]]
+        hit_s = f"{max(hit) / fixed[top]['req_per_s']:.1%}" if hit else "none preempted"
         print(f"| {name} | {pct:+.1f}% | {f3_ratio[-1]:.1%} | {top.split('=')[1]} | {auto['k']}, {auto['n_max']} | "
-              f"{fixed[top]['preemptions']} / {auto['preemptions']} |")
+              f"{n_lo}-{n_hi}, {t_lo:.2f}-{t_hi:.2f} | {fixed[top]['preemptions']} / {auto['preemptions']} | "
+              f"{hit_s} | {steady:.1%} ({closed_form(name)[3:]}) |")
 
     print("\n**Against the must-show** (tracker issue 10; EB/v1 on left-out cells):\n")
     for k, label in (("controller", "ebctl's controller"), ("fixed", "the fit's EB stand-in, best fixed θ")):

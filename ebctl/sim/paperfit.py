@@ -237,15 +237,18 @@ def upper(gpu: str) -> np.ndarray:
     return np.array([fixed.get(k, v) for k, v in UPPER.items()])
 
 
-def fit_gpu(gpu: str, runs: dict[tuple, Sums], leave_out: str | None = None) -> gpucost.Overheads:
-    """The bounded fit on a GPU's cells (all of them, or all but ``leave_out``)."""
-    use = [(name, m) for name, m in cells(gpu) if name != leave_out]
+def fit_gpu(gpu: str, runs: dict[tuple, Sums], leave_out: str | None = None,
+            weights: dict[str, float] | None = None) -> gpucost.Overheads:
+    """The bounded fit on a GPU's cells (all of them, or all but ``leave_out``); ``weights`` (cell → factor on
+    its residual, 1 by default) only to ask how far the bounds let one cell go (tools/sim_vs_paper.py)."""
+    w = weights or {}
+    use = [(name, m, w.get(name, 1.0)) for name, m in cells(gpu) if name != leave_out]
     hi = upper(gpu)
     sign = np.array([1, 1, 1, 1, -1.0])  # the overlap subtracts
 
     def resid(z: np.ndarray) -> np.ndarray:
         o = z * hi * sign
-        return np.array([math.log(predict_cell(runs, gpu, name, o) / m) for name, m in use])
+        return np.array([f * math.log(predict_cell(runs, gpu, name, o) / m) for name, m, f in use])
 
     sols = [least_squares(resid, np.full(len(hi), s), bounds=(0.0, 1.0), xtol=1e-10, ftol=1e-10)
             for s in (0.1, 0.5, 0.9)]
