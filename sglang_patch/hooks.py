@@ -16,7 +16,8 @@ restored) and the hook returns what the original returned.
 
 from __future__ import annotations
 
-from time import monotonic, perf_counter_ns
+import math
+from time import monotonic, perf_counter_ns, thread_time_ns
 from typing import Final
 
 from sglang_patch import group
@@ -112,11 +113,16 @@ def run_batch(original, sched, batch, *args, **kwargs):
     st = STATE
     if not st.on:
         return original(sched, batch, *args, **kwargs)
-    t = perf_counter_ns()
-    result = original(sched, batch, *args, **kwargs)
+    if st.sync_forward:  # CPU: the forward runs on this thread; its CPU time leaves out other processes' turns
+        c = thread_time_ns()
+        result = original(sched, batch, *args, **kwargs)
+        spent = (thread_time_ns() - c) * 1e-9
+    else:  # GPU: run_batch only launches; the forward is timed at result time (batch_result)
+        result = original(sched, batch, *args, **kwargs)
+        spent = math.nan
     t1 = perf_counter_ns()
     try:
-        st.ran(batch, (t1 - t) * 1e-9)
+        st.ran(batch, spent)
     except Exception:
         st.fail("run_batch", None, sched)
     st.ns += perf_counter_ns() - t1

@@ -274,7 +274,12 @@ class PluginState(Lifecycle):
     def ran(self, batch: Any, seconds: float) -> None:
         """run_batch returned: keep the batch's context sum (``seq_lens_sum``, which ``ForwardBatch.init_new``
         has just computed; the overlap loop's ``batch.copy()`` for result processing drops it) and, on CPU
-        where run_batch returns after the forward, its duration."""
+        where run_batch returns after the forward, its duration: the scheduler thread's CPU time over the
+        forward (torch computes on this thread), equal to the wall time on a dedicated machine; on a shared one
+        the wall time also holds whatever other process (the HTTP server, the tokenizer, a load client) took the
+        core meanwhile, which is not the engine's cost and made the cost fits fail (a decode fit's held-out
+        error 21-22% on wall time against 12% on CPU time, same run). The whole iteration's wall time is in
+        the reports anyway (``wall_time``): the simulator's calibration uses that."""
         if self.fault_hook:
             self.fault("run_batch")
         key = batch.forward_iter
