@@ -114,7 +114,8 @@ _ENGINE_SPECS: dict[str, Spec] = {
 }
 
 _CONTROLLER_SPECS: dict[str, Spec] = {
-    "mode": Spec(str, "eb: EB(k*, N*); eb+: Eq. 8 picks eb or mb; mb: mixed; off: stock engine",
+    "mode": Spec(str, "eb: EB(k*, N*); eb+: eb or mb, by Eq. 8 or (theta_method measured) by measured throughput; "
+                      "mb: mixed; off: stock engine",
                  choices=("eb", "eb+", "mb", "off")),
     "cold_mode": Spec(str, "mode before min_window completions are seen", choices=("off", "eb", "mb")),
     "theta_method": Spec(str, "threshold: paper = θ0 + Δθ (Eq. 3 + 5), cfr = θ0, exact-fluid = numeric, "

@@ -68,7 +68,7 @@ class Controller(Steering):
         self.n_star = self.n_limit
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
-        self.updates_since_switch = params.mode_cooldown
+        self.updates_since_switch = params.mode_cooldown + 1  # no switch yet: nothing is cooling down
         self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
         self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
         self._arms_trial = -1

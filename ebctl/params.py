@@ -19,9 +19,9 @@ OperatorMode = Literal["eb", "eb+", "mb", "off"]
 class ControllerParams:
     """Everything the controller is told (config.py builds this from file and flags)."""
 
-    mode: OperatorMode = "eb"  # eb: EB(k̂*, N̂*); eb+: Eq. 8 picks eb or mb; mb; off: stock engine
+    mode: OperatorMode = "eb+"  # eb: EB(k̂*, N̂*); eb+: eb or mb (Eq. 8, or measured); mb; off: stock engine
     cold_mode: Literal["off", "eb", "mb"] = "off"  # before W_min completions: stock engine by default
-    theta_method: ThetaMethod = "paper"  # paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric; measured: ebctl.tuner
+    theta_method: ThetaMethod = "measured"  # measured: ebctl.tuner; paper: θ0 + Δθ; cfr: θ0; exact-fluid: numeric
     window: int = 500  # W
     update_every: int = 100  # T_upd completions between updates
     min_window: int = 30  # W_min
@@ -49,11 +49,11 @@ class ControllerParams:
     cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
     cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
     cost_window: int = 2000  # iterations kept per batch kind
-    cost_stale_s: float = 600.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
+    cost_stale_s: float = 1800.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
     probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
     probe_share: float = 0.03  # eb+: probes take at most this share of the time
     tune_window: int = 200  # measured: completions per window (and at least one whole EB cycle)
-    tune_min_pairs: int = 2  # measured: window pairs before a trial may decide
+    tune_min_pairs: int = 1  # measured: window pairs before a trial may decide
     tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
     tune_min_effect: float = 0.01  # measured: a challenger must be this much faster to replace the incumbent
     tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)

@@ -30,10 +30,12 @@ class Steering:
         W = 500). The outputs' bar is twice the inputs': which requests finish within a window depends on the
         policy (EB's long cycles hold the long ones back), and on that trace the log-mean output moved by up to
         ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
-        full and the engine has turned its batch over three times: until then the requests that finished first,
-        the short ones, weigh too much."""
+        full and the engine has turned its batch over twice: until then the requests that finished first,
+        the short ones, weigh too much; the tuner starts no trial before then either (a server that has just
+        started measures its start, not its steady state)."""
         p = self.params
-        if len(self.window) >= p.window and self.completions >= p.window + 3 * self.n_limit:
+        steady = len(self.window) >= p.window and self.completions >= p.window + 2 * self.n_limit
+        if steady:
             now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (self.window.inputs(), self.window.outputs()))
             ref = self._drift_ref
             if ref is None:
@@ -45,7 +47,7 @@ class Steering:
                     self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
                     self._drift_ref = now
         self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
-                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o)
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady)
 
     def _want(self: Controller, now: float) -> tuple[str, Mode | None]:
         """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""

@@ -51,7 +51,7 @@ class TunerParams:
     theta_min: float = 0.01
     theta_max: float = 0.8
     window: int = 200  # completions per window (and at least one whole EB cycle)
-    min_pairs: int = 2
+    min_pairs: int = 1
     max_pairs: int = 5
     min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
     step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
@@ -70,6 +70,7 @@ class Tuner:
         self.prefer_mb = False
         self.entries: list[str] = []  # EB arms tried first from stock or mb (the closed forms)
         self.mu_l = self.mu_o = math.nan  # the request mix a window's rate is computed for
+        self.steady = False  # the controller's word that the start-up is over (no trial before)
         self.step = params.step_max
         self.tried: set[str] = set()  # challengers that lost against the incumbent at the current step
         self.direction = 0  # +1: θ up, −1: θ down (the last move that won)
@@ -111,11 +112,11 @@ class Tuner:
         return Mode.MB if arm == MB else Mode.OFF if arm == STOCK else Mode.EB
 
     def set_context(self, *, entries: list[float], allow_mb: bool, prefer_mb: bool, mu_l: float = math.nan,
-                    mu_o: float = math.nan) -> None:
+                    mu_o: float = math.nan, steady: bool = True) -> None:
         """From each controller update: the closed-form θs (tried first from stock or mb), whether mb may run,
         whether Eq. 8 prefers it (then mb is tried first), and the mean prompt and output lengths the windows'
         rates are weighed with."""
-        self.mu_l, self.mu_o = mu_l, mu_o
+        self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.entries = list(dict.fromkeys(self.eb_arm(t) for t in entries))
         self.prefer_mb = prefer_mb
         if allow_mb != self.allow_mb:
@@ -212,7 +213,7 @@ class Tuner:
             self.settling = False
             return
         if t is None:
-            if self.saturated and self.gap <= 0:
+            if self.saturated and self.gap <= 0 and self.steady:
                 self._start_trial(w)
             return
         if not w.saturated:
@@ -322,6 +323,8 @@ class Tuner:
     def state(self) -> str:
         if self.trial is not None:
             return "trial"
+        if not self.steady:
+            return "warming up"
         if not self.saturated:
             return "waiting for saturation"
         return "settled" if self.settled else "searching"

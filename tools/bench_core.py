@@ -1,4 +1,5 @@
-"""Benchmark of the pure core: one controller update (fit + solve) at W = 500 and 2,000, one gate decision.
+"""Benchmark of the pure core: one controller update (fit + solve) at W = 500 and 2,000 (the measured θ's tuner
+included), one report observed, one gate decision.
 
 Budgets (docs/design.md §4): update <= 2 ms at W = 2,000; gate a few µs. Run: python tools/bench_core.py
 """
@@ -46,6 +47,32 @@ def bench_update(method: str, window: int, mode: str = "eb", reps: int = 200) ->
     return statistics.median(times), times[int(0.99 * len(times)) - 1]
 
 
+def bench_observe(method: str, mode: str, n: int = 20_000) -> tuple[float, float]:
+    """One report through ``Controller.observe`` + ``update`` (the tuner's window, the probe check, and every
+    100 completions a recompute, amortized), per report, in chunks of 1,000."""
+    ctl = _filled(method, 2000, mode)
+    ctl.update(0.0)
+    rng = np.random.default_rng(2)
+    reps = []
+    for i in range(n):
+        m = int(rng.integers(32, 512))
+        fin = (FinishedRequest(300, 200),) if i % 8 == 0 else ()
+        reps.append(IterationReport(engine_id="b", seq=i, wall_time=1.0 + 0.01 * i, forward_s=0.01,
+                                    kind=BatchKind.DECODE if i % 10 else BatchKind.PREFILL, decode_reqs=m,
+                                    prefill_tokens=0 if i % 10 else 2048, running=m, waiting=40,
+                                    policy_version=ctl.policy.version, kv_total=500_000, finished=fin))
+    samples = []
+    for chunk in range(0, n, 1000):
+        t = time.perf_counter()
+        for r in reps[chunk:chunk + 1000]:
+            ctl.observe(r)
+            ctl.update(r.wall_time)
+        samples.append((time.perf_counter() - t) / 1000)
+    assert ctl.errors == 0, ctl.last_error
+    samples.sort()
+    return statistics.median(samples), samples[int(0.99 * len(samples)) - 1]
+
+
 def bench_gate(n: int = 200_000) -> tuple[float, float]:
     gate, pol = PhaseGate(), Policy(mode=Mode.EB, k=32, n_max=256, kv_reserve_frac=0.1)
     rng = np.random.default_rng(1)
@@ -66,10 +93,14 @@ def main() -> None:
     a = ap.parse_args()
     print("| what | p50 | p99 |\n|---|---|---|")
     for method, window, mode in (("paper", 500, "eb"), ("paper", 2000, "eb"), ("paper", 2000, "eb+"),
-                                 ("cfr", 2000, "eb"), ("exact-fluid", 2000, "eb")):
+                                 ("cfr", 2000, "eb"), ("exact-fluid", 2000, "eb"), ("measured", 2000, "eb+")):
         p50, p99 = bench_update(method, window, mode, a.reps)
         print(f"| controller update, W={window}, theta={method}, mode={mode} | {p50 * 1e3:.3f} ms "
               f"| {p99 * 1e3:.3f} ms |")
+    for method, mode in (("paper", "eb"), ("measured", "eb+")):
+        p50, p99 = bench_observe(method, mode)
+        print(f"| one report: observe + update (recomputes amortized), theta={method}, mode={mode} | "
+              f"{p50 * 1e6:.1f} µs | {p99 * 1e6:.1f} µs |")
     p50, p99 = bench_gate()
     print(f"| gate decision (PhaseGate.decide) | {p50 * 1e6:.2f} µs | {p99 * 1e6:.2f} µs |")
 

@@ -71,6 +71,14 @@ class DaemonCollector(Collector):
         defer_g = gauge("max_defer_seconds", "anti-starvation bound in the policy (auto: defer_factor × the "
                         "expected time to free k slots)")
         group_g = gauge("group_size", "scheduler ranks applying this engine's policy together (TP × CP × PP)")
+        arm_g = gauge("tuner_theta", "measured θ: the arm running (NaN: stock or mb) and the incumbent", "which")
+        arm_mode = gauge("tuner_arm", "measured θ: 1 for the kind of arm running (stock, mb, eb), 0 for the others",
+                         "kind")
+        trials = CounterMetricFamily(f"{PREFIX}_tuner_trials", "measured θ: trials by outcome (won, lost, aborted)",
+                                     labels=["engine", "outcome"])
+        probes = CounterMetricFamily(f"{PREFIX}_probes", "eb+ probes of the other mode started", labels=["engine"])
+        probe_s = CounterMetricFamily(f"{PREFIX}_probe_seconds", "seconds eb+ spent probing the other mode",
+                                      labels=["engine"])
         for eid, eng in engines:
             ctl = eng.controller
             pol = ctl.policy
@@ -98,8 +106,20 @@ class DaemonCollector(Collector):
                 gate.add_metric([eid, reason], n)
             defer_g.add_metric([eid], pol.max_defer_s)
             group_g.add_metric([eid], ctl.group_size)
+            st = ctl.status()
+            tu = st["tuner"]
+            if tu is not None:
+                arm_g.add_metric([eid, "arm"], tu["theta_arm"])
+                arm_g.add_metric([eid, "incumbent"], tu["theta_incumbent"])
+                kind = tu["arm"] if tu["arm"] in ("stock", "mb") else "eb"
+                for k in ("stock", "mb", "eb"):
+                    arm_mode.add_metric([eid, k], 1.0 if k == kind else 0.0)
+                for outcome in ("won", "lost", "aborted"):
+                    trials.add_metric([eid, outcome], tu[outcome])
+            probes.add_metric([eid], st["probes"]["count"])
+            probe_s.add_metric([eid], st["probes"]["seconds"])
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
-                    updates, gaps, gate, defer_g, group_g)
+                    updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s)
         c = d.counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])

@@ -16,9 +16,11 @@ from ebctl import config
 from ebctl.link import ControlClient, DaemonUnreachable
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport
 
-FAST = {  # small windows and TTLs: policies within a few dozen reports, expiry within a second
+FAST = {  # small windows and TTLs: policies within a few dozen reports, expiry within a second; the paper's
+    # controller (eb, θ0 + Δθ), whose policy follows the reports at once (the default, eb+ with the measured θ,
+    # starts at stock and moves only on measured gains: tests/daemon/test_learn_daemon.py)
     "controller": {"ttl_s": 1.0, "update_every": 10, "min_window": 20, "window": 100, "n_min_interval_s": 0.0,
-                   "kv_capacity_tokens": 10_000_000, "n_max_limit": 256},
+                   "kv_capacity_tokens": 10_000_000, "n_max_limit": 256, "mode": "eb", "theta_method": "paper"},
     "daemon": {"republish_s": 0.2, "log_level": "info"},
 }
 

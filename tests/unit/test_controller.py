@@ -3,6 +3,7 @@ garbage. Every expected number is computed independently of the controller (mode
 true parameters, or plain arithmetic)."""
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -12,8 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ebctl import model
-from ebctl.controller import DEFAULT_COSTS, Controller, ControllerParams
+from ebctl.controller import DEFAULT_COSTS, Controller
+from ebctl.controller import ControllerParams as _Params
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
+
+# These tests check Algorithm 1 and the closed forms: mode eb with θ0 + Δθ unless a test says otherwise (the
+# defaults, eb+ with the measured θ, are tested in test_tuner.py and test_probe.py).
+ControllerParams = functools.partial(_Params, mode="eb", theta_method="paper")
 
 C = DEFAULT_COSTS
 

@@ -1,0 +1,111 @@
+"""eb+'s probes of the other mode (ebctl/probe.py, the controller's use of them) and the controller's measured
+threshold wiring (policy versions bound to arms, stock first, status). Expected values are the probe's rules
+worked by hand: start, length, spacing from its share, never during a cooldown."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ebctl.controller import Controller, ControllerParams
+from ebctl.costfit import OnlineCosts
+from ebctl.probe import ModeProbe
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
+
+
+def test_probe_lasts_probe_s_and_keeps_to_its_share():
+    pr = ModeProbe(probe_s=2.0, share=0.1)
+    assert pr.decide(0.0, Mode.EB, "", False) is None  # nothing needed
+    assert pr.decide(1.0, Mode.EB, "mixed", True) is None  # a mode switch is cooling down
+    assert pr.decide(1.0, Mode.EB, "mixed", False) is Mode.MB  # starts
+    assert pr.decide(2.9, Mode.EB, "mixed", False) is Mode.MB  # goes on for 2 s
+    assert pr.decide(3.0, Mode.EB, "mixed", False) is None  # ended
+    # the next one no earlier than 2 s / 0.1 = 20 s after the last one started
+    assert pr.decide(20.9, Mode.EB, "mixed", False) is None
+    assert pr.decide(21.0, Mode.EB, "mixed", False) is Mode.MB
+    pr.stop(22.5)
+    st = pr.status(41.0)
+    assert st["count"] == 2 and st["seconds"] == pytest.approx(2.0 + 1.5) and st["active"] == ""
+    assert st["share"] == pytest.approx(3.5 / 41.0) and st["last_for"] == "mixed"
+    # an engine in MB is probed with EB; one in stock is not probed at all
+    pr = ModeProbe(probe_s=1.0, share=0.5)
+    assert pr.decide(0.0, Mode.MB, "prefill", False) is Mode.EB
+    assert ModeProbe().decide(0.0, Mode.OFF, "mixed", False) is None
+    assert ModeProbe(probe_s=0.0).decide(0.0, Mode.EB, "mixed", False) is None
+
+
+def _it(kind, t, *, prefill=0, decode=0, forward=0.01, finished=()):
+    return IterationReport(engine_id="e", seq=0, wall_time=t, forward_s=forward, kind=kind, prefill_tokens=prefill,
+                           prefill_reqs=1 if prefill else 0, decode_reqs=decode, decode_ctx_tokens=decode * 100,
+                           running=decode, waiting=5, finished=finished)
+
+
+def test_costfit_says_when_a_fit_is_missing_or_stale():
+    oc = OnlineCosts(200)
+    rng = np.random.default_rng(0)
+    for i in range(100):
+        n = int(rng.integers(10, 200))
+        oc.observe(_it(BatchKind.DECODE, float(i), decode=n, forward=0.01 + 1e-4 * n))
+    oc.refit(force=True)
+    assert oc.missing(BatchKind.DECODE, 100.0, 600.0) == ""
+    assert oc.missing(BatchKind.DECODE, 99.0 + 601.0, 600.0) == "decode fit stale (no decode iteration for 601 s)"
+    assert oc.missing(BatchKind.MIXED, 100.0, 600.0).startswith("mixed fit missing (0 iterations < 20")
+
+
+def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE):
+    """Saturated EB-like traffic: decode steps with one completion each, a prefill every 10, timed."""
+    rng = np.random.default_rng(1)
+    t, pol = t0, ctl.policy
+    for i in range(steps):
+        n = int(rng.integers(50, 200))
+        if i % 10 == 0:
+            tok = int(rng.integers(500, 4000))
+            t += 0.002 + 2e-5 * tok
+            ctl.observe(_it(BatchKind.PREFILL, t, prefill=tok, forward=0.002 + 2e-5 * tok))
+        t += 0.01 + 1e-4 * n
+        ctl.observe(_it(kind, t, decode=n, forward=0.01 + 1e-4 * n,
+                        finished=(FinishedRequest(300, int(rng.geometric(0.01))),)))
+        pol = ctl.update(t)
+    return pol, t
+
+
+def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
+    prm = ControllerParams(mode="eb+", theta_method="paper", update_every=20, min_window=10, probe_s=2.0,
+                           probe_share=0.05, mode_cooldown=0)
+    ctl = Controller(prm)
+    pol, t = _drive(ctl, 0.0, 400)  # the decode and prefill fits pass; no mixed iteration ever ran
+    assert ctl.online_costs.passed(BatchKind.DECODE) and not ctl.online_costs.passed(BatchKind.MIXED)
+    st = ctl.probe.status(t)
+    assert st["count"] >= 1 and st["last_for"] == "mixed"
+    # probing runs MB for 2 s, then EB again until 2 / 0.05 = 40 s after the probe started
+    ctl.probe = type(ctl.probe)(2.0, 0.05)
+    pol = ctl.update(t)
+    assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
+    pol = ctl.update(t + 2.5)
+    assert pol.mode is Mode.EB
+    assert ctl.update(t + 39.0).mode is Mode.EB and ctl.update(t + 42.5).mode is Mode.MB
+    # no probe in plain eb, none while a switch cools down
+    plain = Controller(dataclasses.replace(prm, mode="eb"))
+    _drive(plain, 0.0, 400)
+    cooling = Controller(dataclasses.replace(prm, mode_cooldown=10**6))
+    cooling.updates_since_switch = 0  # a switch just happened
+    _drive(cooling, 0.0, 400)
+    assert plain.probe.count == 0 and cooling.probe.count == 0
+
+
+def test_measured_starts_at_stock_and_binds_each_policy_version_to_its_arm():
+    ctl = Controller(ControllerParams(mode="eb", theta_method="measured", update_every=20, min_window=10))
+    pol, t = _drive(ctl, 0.0, 200)
+    assert pol.mode is Mode.OFF and "measured: warming up at stock" in pol.reason
+    assert ctl.tuner._versions[pol.version].arm == "stock"
+    st = ctl.status()
+    assert st["theta_method"] == "measured" and st["tuner"]["incumbent"] == "stock"
+    assert st["tuner"]["trials"] == 0
+    # a challenger the tuner picks is published at once, with a new version bound to it
+    ctl.tuner.steady, ctl.tuner.saturated = True, True
+    ctl.tuner.trial = None
+    ctl.tuner._run("eb@4")
+    pol2 = ctl.update(t + 0.001)
+    assert pol2.version == pol.version + 1 and pol2.mode is Mode.EB
+    assert ctl.tuner._versions[pol2.version].arm == "eb@4" and pol2.k == int(0.4 * pol2.n_max)
+    assert pol2.estimates.theta_star == pytest.approx(0.4)

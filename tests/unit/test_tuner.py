@@ -1,0 +1,184 @@
+"""The measured threshold's pieces (ebctl/trial.py, ebctl/tuner.py), on hand-worked numbers and on a synthetic
+engine whose arms run at speeds the test sets: the tuner must find the fastest, drop the window after a switch,
+wait for saturation, and restart on drift."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
+from ebctl.trial import Applied, Trial, Window, verdict
+from ebctl.tuner import MB, STOCK, Tuner, TunerParams
+
+
+def test_verdict_on_hand_worked_pairs():
+    d = np.array([0.03, 0.05])
+    # sd shrunk to the prior: ((ss + 2·0.015²) / (n − 1 + 2))^½, Student t at n − 1 + 2 = 3 degrees of freedom
+    sd = math.sqrt((2 * 0.01**2 + 2 * 0.015**2) / 3)
+    half = stats.t.ppf(0.975, 3) * sd / math.sqrt(2)
+    v = verdict(d, prior_sd=0.015, min_pairs=2, max_pairs=5, min_effect=0.01)
+    assert v.decision == "win" and v.effect == pytest.approx(0.04) and v.half_width == pytest.approx(half)
+    assert half == pytest.approx(0.03312, abs=1e-5)
+    # the same pairs before min_pairs: no decision yet
+    assert verdict(d, prior_sd=0.015, min_pairs=3, max_pairs=5, min_effect=0.01).decision == ""
+    # a gain below the minimum effect, however sure, does not win; at max_pairs it loses
+    small = np.full(5, 0.005)
+    assert verdict(small[:3], prior_sd=0.001, min_pairs=2, max_pairs=5, min_effect=0.01).decision == "lose"
+    # a negative mean loses at once; an uncertain positive one goes on until max_pairs
+    assert verdict(np.array([-0.01, 0.002]), prior_sd=0.015, min_pairs=2, max_pairs=5,
+                   min_effect=0.01).decision == "lose"
+    unsure = np.array([0.06, -0.02])
+    assert verdict(unsure, prior_sd=0.015, min_pairs=2, max_pairs=5, min_effect=0.01).decision == ""
+    assert verdict(np.array([0.06, -0.02, 0.06, -0.02, 0.06]), prior_sd=0.015, min_pairs=2, max_pairs=5,
+                   min_effect=0.01).decision == "lose"
+
+
+def _rep(kind, dt_end, *, prefill=0, decode=0, finished=0, running=100, waiting=50, version=1):
+    return IterationReport(engine_id="e", seq=0, wall_time=dt_end, forward_s=0.0, kind=kind, prefill_tokens=prefill,
+                           prefill_reqs=1 if prefill else 0, decode_reqs=decode, running=running, waiting=waiting,
+                           policy_version=version, finished=tuple(FinishedRequest(10, 5) for _ in range(finished)))
+
+
+def test_window_rate_weighs_the_phases_by_the_request_mix():
+    w = Window("stock", start=0.0)
+    w.add(_rep(BatchKind.PREFILL, 1.0, prefill=1000), 1.0)
+    w.add(_rep(BatchKind.DECODE, 3.0, decode=500), 2.0)
+    w.end = 3.0
+    # τ_p = 1 s / 1000 tokens, τ_d = 2 s / 500 tokens; a request of 100 + 51 tokens costs 100 τ_p + 50 τ_d = 0.3 s
+    assert w.rate(100, 51) == pytest.approx(151 / 0.3)
+    # the same window with a prefill-heavy mix: 400 + 11 tokens cost 0.4 + 0.04 s
+    assert w.rate(400, 11) == pytest.approx(411 / 0.44)
+    # idle time is lost time for both phases; a mixed iteration's time is split by its tokens
+    w.add(_rep(BatchKind.IDLE, 4.0), 1.0)
+    w.add(_rep(BatchKind.MIXED, 5.0, prefill=300, decode=100), 1.0)
+    w.end = 5.0
+    tp, td = 1.75 / 1300, 2.25 / 600
+    assert w.rate(100, 51) == pytest.approx(151 / (100 * tp + 50 * td) * 4 / 5)
+    # without μ: tokens (first tokens included) over the time
+    w.add(_rep(BatchKind.DECODE, 5.5, decode=10, finished=2), 0.5)
+    w.end = 5.5
+    assert w.rate(math.nan, math.nan) == pytest.approx((1300 + 610 + 2) / 5.5)
+
+
+def test_trial_pairs_cancel_a_linear_drift():
+    t = Trial("stock", "mb", 0.0, rates=[("stock", 100.0), ("mb", 105.0), ("stock", 110.0)])
+    assert t.diffs() == pytest.approx([math.log(105) - (math.log(100) + math.log(110)) / 2])
+    assert t.arm() == "mb" and Trial("a", "b", 0.0).arm() == "a"
+
+
+# --- a synthetic engine: each arm runs the same cycle, at a speed the test sets ----------------------------
+K, N = 10, 100  # every EB arm: k and N of the published policy
+
+
+class Engine:
+    """Publishes what the tuner asks for and runs cycles of one prefill (K prompts of 100 tokens) and K decode
+    steps of about N rows (one request finishing per step), each step's time divided by the arm's speed."""
+
+    def __init__(self, tuner: Tuner, speed, *, waiting=50, first_window_boost=1.0):
+        self.t, self.speed, self.waiting = tuner, speed, waiting
+        self.now, self.version, self.arm, self.boost = 0.0, 0, None, first_window_boost
+        self.since_switch = 0
+
+    def publish(self):
+        arm = self.t.arm
+        if arm != self.arm:
+            self.version += 1
+            self.arm, self.since_switch = arm, 0
+            self.t.bind(self.version, Applied(arm, self.t.mode(arm), K if arm.startswith("eb@") else 1, N))
+
+    def cycle(self):
+        self.publish()
+        s = self.speed(self.arm) * (self.boost if self.since_switch < 50 and self.arm != STOCK else 1.0)
+        steps = [(BatchKind.PREFILL, dict(prefill=100 * K))] + [
+            (BatchKind.DECODE, dict(decode=N - i, finished=1)) for i in range(K)]
+        for kind, kw in steps:
+            self.now += (0.5 if kind is BatchKind.PREFILL else 0.1) / s
+            self.t.observe(_rep(kind, self.now, running=N - kw.get("finished", 0), waiting=self.waiting,
+                                version=self.version, **kw))
+        self.since_switch += K
+
+    def run(self, cycles):
+        for _ in range(cycles):
+            self.cycle()
+
+
+def _tuner(**kw) -> Tuner:
+    t = Tuner(TunerParams(window=50, **kw))
+    t.set_context(entries=[0.4, 0.02], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    return t
+
+
+def test_the_tuner_climbs_to_the_fastest_arm_and_settles():
+    t = _tuner()
+    fastest = t.eb_arm(0.2)
+
+    def speed(arm):  # EB faster than stock, mb slower; among θ, 0.2 is best and θ 0.4 next to it
+        if arm == STOCK:
+            return 1.0
+        if arm == MB:
+            return 0.97
+        return 1.12 - 0.1 * abs(math.log2(t.theta(arm) / 0.2))
+
+    eng = Engine(t, speed)
+    eng.run(4000)
+    assert t.incumbent == fastest, t.history
+    assert t.counts["won"] >= 2 and t.history[0]["challenger"] == MB and t.history[0]["decision"] == "lose"
+    assert any(h["challenger"] == t.eb_arm(0.4) and h["decision"] == "win" for h in t.history)
+
+
+def test_stock_stays_when_nothing_beats_it_and_the_first_window_after_a_switch_is_dropped():
+    t = _tuner()
+    # every challenger runs 5% slower, except its first 50 completions after a switch, 40% faster: counted,
+    # those would make it win
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 0.95, first_window_boost=1.4 / 0.95)
+    eng.run(3000)
+    assert t.incumbent == STOCK and t.counts["won"] == 0 and t.counts["lost"] >= 3
+    assert all(h["effect"] < 0 for h in t.history if h["decision"] == "lose")
+
+
+def test_no_trial_below_saturation_or_while_warming_up():
+    t = _tuner()
+    Engine(t, lambda arm: 2.0 if arm != STOCK else 1.0, waiting=0).run(500)  # nobody waits
+    assert t.counts["trials"] == 0 and t.arm == STOCK and t.state() == "waiting for saturation"
+    t = _tuner()
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11, steady=False)
+    Engine(t, lambda arm: 2.0 if arm != STOCK else 1.0).run(500)
+    assert t.counts["trials"] == 0 and t.state() == "warming up"
+
+
+def test_reset_drops_the_trial_and_keeps_the_incumbent():
+    t = _tuner()
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.2)
+    while t.trial is None:
+        eng.cycle()
+    t.reset("drift")
+    assert t.trial is None and t.arm == STOCK and t.incumbent == STOCK
+    assert t.counts["aborted"] == 1 and t.history[-1]["why"] == "reset: drift" and t.step == t.p.step_max
+
+
+def test_eb_windows_hold_whole_cycles_and_stock_windows_any_iterations():
+    t = Tuner(TunerParams(window=55))
+    closed = []
+    t._closed = lambda w: closed.append((w.arm, w.completions))  # record, never switch
+    eng = Engine(t, lambda arm: 1.0)
+    t._run("eb@4")
+    eng.run(60)
+    t._run(STOCK)
+    eng.run(60)
+    eb = [c for a, c in closed if a == "eb@4"]
+    assert eb and all(c == 60 for c in eb)  # 6 whole cycles of 10: the first count past 55 completions
+    assert [c for a, c in closed if a == STOCK][-1] == 55  # any iteration ends a stock window
+
+
+def test_grid_and_neighbours():
+    t = Tuner(TunerParams(theta_min=0.01, theta_max=0.8))
+    assert t.theta("eb@0") == 0.8 and t.theta("eb@4") == pytest.approx(0.4)
+    assert t.eb_arm(0.4) == "eb@4" and t.eb_arm(0.0001) == f"eb@{t.top}" and t.eb_arm(5.0) == "eb@0"
+    assert t.top == math.floor(4 * math.log2(80))
+    t.incumbent = "eb@4"
+    assert t.neighbours() == ["eb@0", "eb@8"]
+    t.incumbent, t.direction = f"eb@{t.top - 1}", -1
+    assert t.neighbours() == [STOCK, f"eb@{t.top - 5}"]  # below θ_min lies stock
+    assert t.mode(STOCK) is Mode.OFF and t.mode(MB) is Mode.MB and t.mode("eb@3") is Mode.EB
