@@ -36,18 +36,19 @@ class ModeProbe:
     def set_params(self, probe_s: float, share: float) -> None:
         self.probe_s, self.share = float(probe_s), float(share)
 
-    def decide(self, now: float, running: Mode, need: str, cooling: bool) -> Mode | None:
-        """The mode to run instead of ``running`` now (a probe in progress, or one that starts), else None.
-        ``need``: the kind whose fit is missing or stale (``"mixed"`` for an engine in EB, ``"prefill"`` for
-        one in MB), empty when none; ``cooling``: a mode switch is cooling down."""
+    def decide(self, now: float, target: Mode | None, need: str, cooling: bool) -> Mode | None:
+        """The mode to run now instead of the one running (a probe in progress, or one that starts), else None.
+        ``target``: the mode that would feed the fit ``need`` names (``"mixed"``: mb; ``"prefill"``,
+        ``"decode"``: eb), ``need`` empty when no fit is missing or stale; ``cooling``: a mode switch is cooling
+        down. A probe in progress runs to its end."""
         if math.isnan(self.first_seen):
             self.first_seen = now
         if self.mode is not None:
-            if now < self.started + self.probe_s and self.mode is not running:
+            if now < self.started + self.probe_s:
                 return self.mode
             self.seconds += min(max(now - self.started, 0.0), self.probe_s)
             self.mode = None
-        other = Mode.MB if running is Mode.EB else Mode.EB if running is Mode.MB else None
+        other = target
         if other is None or not need or cooling or self.probe_s <= 0 or self.share <= 0:
             return None
         if now < self.started + self.probe_s / self.share:

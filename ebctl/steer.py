@@ -59,22 +59,24 @@ class Steering:
         return arm, self._probe(now, running)
 
     def _probe(self: Controller, now: float, running: Mode) -> Mode | None:
-        """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``), never during a
-        mode switch's cooldown or a tuner trial, and only where the running mode's own fits are being learned."""
+        """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``): mb for the mixed
+        fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown
+        or a tuner trial, and only once the engine's timings are being learned at all (the other fits passed).
+        The stock engine (the tuner's first arm) may need either: a server launched with mixed chunks mixes
+        every prefill into the decode batch and runs few prefill-only iterations."""
         p = self.params
-        if (p.mode != "eb+" or not p.cost_online or running not in (Mode.EB, Mode.MB)
-                or (self.measured and self.tuner.trial is not None)
-                or (running is Mode.EB and self.mixed_unavailable)):
+        if p.mode != "eb+" or not p.cost_online or (self.measured and self.tuner.trial is not None):
             self.probe.stop(now)
             return None
         oc, stale = self.online_costs, p.cost_stale_s
-        if running is Mode.EB:
-            need = oc.missing(BatchKind.MIXED, now, stale) if oc.passed(BatchKind.DECODE) else ""
-        else:
-            need = ((oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale))
-                    if oc.passed(BatchKind.MIXED) else "")
+        need, target = "", None
+        if running is not Mode.MB and not self.mixed_unavailable and oc.passed(BatchKind.DECODE):
+            need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
+        if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
+            need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
+            target = Mode.EB
         cooling = not self.measured and self.updates_since_switch <= p.mode_cooldown
-        return self.probe.decide(now, running, need.split(" ", 1)[0], cooling)
+        return self.probe.decide(now, target, need.split(" ", 1)[0], cooling)
 
     def _arm(self: Controller, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:
         """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes

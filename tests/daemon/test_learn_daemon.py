@@ -31,10 +31,12 @@ def test_status_and_metrics_show_the_tuner_and_the_probes(fast_cfg):
     assert rep.ok
     msgspec.msgpack.encode(rep)  # it goes over the wire
     e = rep.data["engines"]["dp0"]
-    assert e["theta_method"] == "measured" and e["mode"] == "off"  # the tuner starts at stock
-    assert e["tuner"]["incumbent"] == "stock" and e["tuner"]["state"] == "warming up" and e["tuner"]["trials"] == 0
-    assert "measured: warming up at stock" in e["reason"]
-    assert set(e["probes"]) == {"active", "count", "seconds", "share", "last_for"}
+    # the tuner starts at stock; the decode fit passed, no mixed iteration ran: eb+ probes mb for its cost
+    assert e["theta_method"] == "measured" and e["tuner"]["arm"] == "stock" and e["tuner"]["trials"] == 0
+    assert e["tuner"]["incumbent"] == "stock" and e["tuner"]["state"] == "warming up"
+    assert "measured: warming up at stock" in e["reason"] and "probe: mb for the mixed cost fit" in e["reason"]
+    assert e["mode"] == "mb" and e["probes"]["count"] == 1 and e["probes"]["active"] == "mb"
+    assert e["probes"]["last_for"] == "mixed"
     reg, lab = d.registry, {"engine": "dp0"}
     assert reg.get_sample_value("ebctl_tuner_arm", {**lab, "kind": "stock"}) == 1.0
     assert reg.get_sample_value("ebctl_tuner_arm", {**lab, "kind": "eb"}) == 0.0

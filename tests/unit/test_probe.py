@@ -15,23 +15,22 @@ from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
 
 def test_probe_lasts_probe_s_and_keeps_to_its_share():
     pr = ModeProbe(probe_s=2.0, share=0.1)
-    assert pr.decide(0.0, Mode.EB, "", False) is None  # nothing needed
-    assert pr.decide(1.0, Mode.EB, "mixed", True) is None  # a mode switch is cooling down
-    assert pr.decide(1.0, Mode.EB, "mixed", False) is Mode.MB  # starts
-    assert pr.decide(2.9, Mode.EB, "mixed", False) is Mode.MB  # goes on for 2 s
-    assert pr.decide(3.0, Mode.EB, "mixed", False) is None  # ended
+    assert pr.decide(0.0, Mode.MB, "", False) is None  # nothing needed
+    assert pr.decide(1.0, Mode.MB, "mixed", True) is None  # a mode switch is cooling down
+    assert pr.decide(1.0, Mode.MB, "mixed", False) is Mode.MB  # starts
+    assert pr.decide(2.9, None, "", False) is Mode.MB  # goes on for 2 s, whatever is asked meanwhile
+    assert pr.decide(3.0, Mode.MB, "mixed", False) is None  # ended
     # the next one no earlier than 2 s / 0.1 = 20 s after the last one started
-    assert pr.decide(20.9, Mode.EB, "mixed", False) is None
-    assert pr.decide(21.0, Mode.EB, "mixed", False) is Mode.MB
+    assert pr.decide(20.9, Mode.MB, "mixed", False) is None
+    assert pr.decide(21.0, Mode.MB, "mixed", False) is Mode.MB
     pr.stop(22.5)
     st = pr.status(41.0)
     assert st["count"] == 2 and st["seconds"] == pytest.approx(2.0 + 1.5) and st["active"] == ""
     assert st["share"] == pytest.approx(3.5 / 41.0) and st["last_for"] == "mixed"
-    # an engine in MB is probed with EB; one in stock is not probed at all
-    pr = ModeProbe(probe_s=1.0, share=0.5)
-    assert pr.decide(0.0, Mode.MB, "prefill", False) is Mode.EB
-    assert ModeProbe().decide(0.0, Mode.OFF, "mixed", False) is None
-    assert ModeProbe(probe_s=0.0).decide(0.0, Mode.EB, "mixed", False) is None
+    # the prefill fit is fed by eb; no target, no probe; probe_s = 0: none
+    assert ModeProbe(probe_s=1.0, share=0.5).decide(0.0, Mode.EB, "prefill", False) is Mode.EB
+    assert ModeProbe().decide(0.0, None, "mixed", False) is None
+    assert ModeProbe(probe_s=0.0).decide(0.0, Mode.MB, "mixed", False) is None
 
 
 def _it(kind, t, *, prefill=0, decode=0, forward=0.01, finished=()):
