@@ -170,8 +170,10 @@ class Controller(Steering):
 
     def cost_choice(self) -> CostChoice:
         """The α/β of Eq. 3, 5 and 8 from one source: the profile's (or the defaults) until the online fits
-        the mode needs have passed (prefill and decode; mixed too for eb+), then the online fits for all."""
-        return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=self.params.mode == "eb+",
+        the mode needs have passed (prefill and decode; mixed too for eb+ on an engine that can mix), then the
+        online fits for all."""
+        needs_mixed = self.params.mode == "eb+" and not self.mixed_unavailable  # no mixed iteration can come
+        return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=needs_mixed,
                                         enabled=self.params.cost_online)
 
     def costs(self) -> tuple[model.Costs, str]:

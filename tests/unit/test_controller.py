@@ -315,3 +315,25 @@ def test_operator_overrides_pin_k_and_n_even_when_cold():
     ctl.set_params(ControllerParams(n_override=64, k_override=100, update_every=10, min_window=5))
     pol, _ = feed(ctl, [100] * 20, [10] * 20)
     assert (pol.k, pol.n_max) == (16, 16)  # N capped at the engine's 16, k at N
+
+
+def test_eb_plus_on_an_engine_that_cannot_mix_does_not_wait_for_a_mixed_fit():
+    """Eq. 8 needs a mixed cost only where mixing can happen: an engine that reports mb unavailable never
+    runs a mixed iteration, so eb+ takes its prefill and decode fits as soon as they pass."""
+    from ebctl.controller import Controller
+    from ebctl.params import ControllerParams
+    from ebctl.protocol import BatchKind, IterationReport
+
+    rng = np.random.default_rng(0)
+    for unavailable, expected in ((True, "online"), (False, "default")):
+        ctl = Controller(ControllerParams(mode="eb+"))
+        for seq in range(600):
+            prefill = seq % 5 == 0
+            n, tok = int(rng.integers(2, 64)), int(rng.integers(50, 2000))
+            secs = (0.002 + 3e-6 * tok) if prefill else (0.004 + 1e-4 * n)
+            ctl.observe(IterationReport(engine_id="e", seq=seq, wall_time=seq, forward_s=secs,
+                                        kind=BatchKind.PREFILL if prefill else BatchKind.DECODE,
+                                        prefill_reqs=1 if prefill else 0, prefill_tokens=tok if prefill else 0,
+                                        decode_reqs=0 if prefill else n, mixed_unavailable=unavailable))
+        ctl.online_costs.refit(force=True)
+        assert ctl.cost_choice().source == expected, ctl.cost_choice().reason
