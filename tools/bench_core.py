@@ -48,8 +48,8 @@ def bench_update(method: str, window: int, mode: str = "eb", reps: int = 200) ->
 
 
 def bench_observe(method: str, mode: str, n: int = 20_000) -> tuple[float, float]:
-    """One report through ``Controller.observe`` + ``update`` (the tuner's window, the probe check, and every
-    100 completions a recompute, amortized), per report, in chunks of 1,000."""
+    """One report through ``Controller.observe`` + ``update`` between two recomputes (the hazard window, the cost
+    windows, the tuner's window, the probe check), per report, in chunks of 1,000."""
     ctl = _filled(method, 2000, mode)
     ctl.update(0.0)
     rng = np.random.default_rng(2)
@@ -99,7 +99,7 @@ def main() -> None:
               f"| {p99 * 1e3:.3f} ms |")
     for method, mode in (("paper", "eb"), ("measured", "eb+")):
         p50, p99 = bench_observe(method, mode)
-        print(f"| one report: observe + update (recomputes amortized), theta={method}, mode={mode} | "
+        print(f"| one report: observe + update between recomputes, theta={method}, mode={mode} | "
               f"{p50 * 1e6:.1f} µs | {p99 * 1e6:.1f} µs |")
     p50, p99 = bench_gate()
     print(f"| gate decision (PhaseGate.decide) | {p50 * 1e6:.2f} µs | {p99 * 1e6:.2f} µs |")

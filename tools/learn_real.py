@@ -1,0 +1,184 @@
+"""The learning controller on the real SGLang CPU server: eb+ with the measured θ, no profile, c = 24.
+
+    python tools/learn_real.py [--quick] [--duration 300] [--concurrency 24] [--json RESULT.json]
+                               [--venv VENV] [--workdir DIR] [--set KEY=VALUE ...]
+
+``ebctl start --engine sglang`` runs the daemon with its defaults (mode eb+, theta_method measured, no
+``daemon.profile``: the default costs until the online fits pass) and the tiny model (tools/sglang_cpu/, one
+pinned torch thread) launched with ``--enable-mixed-chunk`` and 16 slots, so that c = 24 keeps requests waiting.
+sglang's own client (``sglang.benchmark.serving``, random-ids, prompts of 48 ± 50% tokens, outputs of 64 ± 50%)
+holds ``--concurrency`` requests in flight, round after round, for ``--duration`` seconds, while
+``ebctl status --json`` is read every 10 s. Printed: how the cost fits and the tuner moved over time, the final
+fits per kind (state, held-out error), where the costs came from, every trial of the tuner (arms, windows'
+rates, effect, decision), eb+'s probes, and the client's count of requests sent and completed.
+
+Exit 0 when, by the end, the prefill, decode and mixed fits are all in use (the costs' source is ``online``),
+the tuner ran at least one trial, and every request sent completed. ``--quick``: 150 s of load (the tuner's
+windows then hold 50 completions: ``controller.tune_window=50``, ``controller.window=200``); its figures are
+not the full run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: server environment, client
+sys.path.insert(0, str(REPO))
+
+from harness import ONE_TORCH_CORE, bench, free_port, post_json, server_env  # noqa: E402
+from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
+
+SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+               "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
+               "--chunked-prefill-size", "256", "--enable-mixed-chunk", "--sleep-on-idle"]
+WORKLOAD = {"input_len": 48, "output_len": 64, "range_ratio": 0.5, "num_prompts": 240}
+QUICK_SETS = ["controller.tune_window=50", "controller.window=200"]
+
+
+def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt), *args],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def snapshot(venv: Path, rt: Path) -> dict[str, Any]:
+    """The engine's block of ``ebctl status --json`` (empty when the daemon does not answer yet)."""
+    st = ebctl(venv, rt, "status", "--json")
+    if st.returncode != 0:
+        return {}
+    engines = json.loads(st.stdout).get("engines") or {}
+    return next(iter(engines.values()), {})
+
+
+def line(t: float, e: dict[str, Any]) -> str:
+    fits = e.get("cost_fits") or {}
+    tu = e.get("tuner") or {}
+    pr = e.get("probes") or {}
+    fit = " ".join(f"{k}:{(v.get('state') or '-').replace(', not in use', '')}" for k, v in fits.items())
+    return (f"t={t:5.0f}s completions={e.get('completions', 0):5d} mode={e.get('mode', '-'):3} k={e.get('k', '-')} "
+            f"n={e.get('n_max', '-')} | fits {fit} | costs {(e.get('costs') or {}).get('source', '-')} | tuner "
+            f"{tu.get('state', '-')} at {tu.get('incumbent', '-')}, arm {tu.get('arm', '-')}, trials "
+            f"{tu.get('trials', 0)} | probes {pr.get('count', 0)}")
+
+
+def run(venv: Path, model: Path, work: Path, seconds: float, conc: int, sets: list[str]) -> dict[str, Any]:
+    rt, port = work / "rt", free_port()
+    env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+    env.update(ONE_TORCH_CORE)
+    cmd = [str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt),
+           *(x for kv in sets for x in ("--set", kv)), "start", "--engine", "sglang",
+           "--", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
+    log = open(work / "start.log", "wb")  # noqa: SIM115 -- closed in finally
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    url = f"http://127.0.0.1:{port}"
+    sent = completed = rounds = 0
+    timeline: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ebctl start exited with {proc.returncode}:\n"
+                                   f"{(work / 'start.log').read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+                          timeout=10)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("sglang under ebctl start did not serve within 300 s")
+            time.sleep(1.0)
+        print(f"[learn] serving at {url}; c = {conc} for {seconds:.0f} s: {WORKLOAD}", flush=True)
+        t0 = time.monotonic()
+        results: list[dict] = []
+
+        def client() -> None:
+            r = 0
+            while time.monotonic() - t0 < seconds:
+                results.append(bench(venv, url, work / f"bench.{r}.json", seed=r, concurrency=conc, timeout=900,
+                                     **WORKLOAD))
+                r += 1
+
+        th = threading.Thread(target=client, daemon=True)
+        th.start()
+        while th.is_alive():
+            th.join(10.0)
+            timeline.append(line(time.monotonic() - t0, snapshot(venv, rt)))
+            print(timeline[-1], flush=True)
+        final = snapshot(venv, rt)
+        rounds = len(results)
+        sent = rounds * WORKLOAD["num_prompts"]
+        completed = sum(r["completed"] for r in results)
+        return {"final": final, "timeline": timeline, "rounds": rounds, "sent": sent, "completed": completed,
+                "load_s": time.monotonic() - t0}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)  # what Ctrl-C does: ebctl start stops both
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="150 s of load, smaller tuner windows")
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--venv", default=None, help="the sglang CPU environment (default: tools/sglang_env.sh)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="ebctl config (default: none)")
+    a = ap.parse_args(argv)
+    seconds = 150.0 if a.quick else a.duration
+    sets = [*(QUICK_SETS if a.quick else []), *a.set]
+    venv = sglang_venv(a.venv)
+    ensure_installed(venv)
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="eblrn-"))  # short: unix socket paths ≤ 107 bytes
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "model"
+    subprocess.run([str(venv / "bin" / "python"), str(REPO / "tools" / "sglang_cpu" / "make_tiny_model.py"),
+                    str(model)], check=True, capture_output=True)
+    res = run(venv, model, work, seconds, a.concurrency, sets)
+    e = res["final"]
+    fits = e.get("cost_fits") or {}
+    print(f"\nfinal cost fits (costs from {(e.get('costs') or {}).get('source')!r}: {e.get('cost_reason')}):")
+    for kind, f in fits.items():
+        err = f.get("rel_err")
+        print(f"  {kind:8} {f.get('state'):20} n={f.get('n'):5}  held-out median error "
+              f"{'-' if err is None else f'{err:.1%}'}  ({f.get('reason')})")
+    tu = e.get("tuner") or {}
+    print(f"tuner: {tu.get('state')} at {tu.get('incumbent')} (θ {tu.get('theta_incumbent')}); trials "
+          f"{tu.get('trials')} (won {tu.get('won')}, lost {tu.get('lost')}, aborted {tu.get('aborted')})")
+    for h in tu.get("history") or []:
+        print(f"  {h['incumbent']} vs {h['challenger']}: {h['pairs']} pairs, windows {h['rates']}, effect "
+              f"{h['effect']:+.1%} ± {h['half_width']:.1%} -> {h['decision']} {h['why']}")
+    pr = e.get("probes") or {}
+    print(f"probes: {pr.get('count')} ({pr.get('seconds', 0):.1f} s, {pr.get('share', 0):.1%} of the time, "
+          f"last for the {pr.get('last_for') or '-'} fit)")
+    print(f"client: {res['rounds']} rounds, {res['completed']} of {res['sent']} requests completed in "
+          f"{res['load_s']:.0f} s; workdir {work}")
+    in_use = all(fits.get(k, {}).get("in_use") for k in ("prefill", "decode", "mixed"))
+    ok = in_use and (tu.get("trials") or 0) >= 1 and res["sent"] > 0 and res["completed"] == res["sent"]
+    print(f"\nEB and MB fits in use: {in_use}; tuner trials: {tu.get('trials')}; no request lost: "
+          f"{res['completed'] == res['sent']} -> {'ok' if ok else 'NOT MET'}")
+    if a.json:
+        a.json.write_text(json.dumps({**res, "ok": ok, "sets": sets}, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
