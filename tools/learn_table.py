@@ -8,7 +8,8 @@ paper's measurements, where large θ wins on RTX PRO 6000 as in the paper's Tabl
 model as written, where small θ wins and mixing is nearly free).
 
 * **A. Saturated** (c = 2,048, the shipped traces and the synthetic mixes): v0 (stock), mb, ``default`` (the
-  controller as a default install configures it) and θ pinned at 0.02..0.8 (the
+  controller as a default install configures it), eb-auto (the former default: eb with θ0 + Δθ) and θ pinned
+  at 0.02..0.8 (the
   controller's own N̂*, KV reserve and clock at that θ: the fixed θ the tuner chooses among). Throughput: tokens
   of the requests that finished after the first quarter of the run and before the client stopped refilling
   (the engine saturated throughout), over that time.
@@ -39,7 +40,7 @@ PROFILES = ("qwen3-8b/rtx-pro-6000", "qwen3-8b/h200")
 COST_MODELS = {"fitted": "profile", "linear": "linear"}
 MIXES = ("azure-conv", "azure-code", "mooncake-conv", "prefill-heavy", "balanced", "decode-heavy")
 THETAS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-MAIN = ("v0", "mb", "default")
+MAIN = ("v0", "mb", "default", "eb-auto")
 LOW_C = (32, 128)
 SHIFT = ("mb", "eb-auto", "eb+", "default")
 
@@ -134,9 +135,9 @@ def main() -> int:
     if "A" in sections:
         print("**A. Saturated, c = 2,048** (steady: after the first quarter, while the client refills; best θ: "
               "the best of θ pinned at " + ", ".join(f"{t:g}" for t in thetas) + ").\n")
-        print("| cost model | profile | workload | v0 | mb | best θ (tok/s) | default | default / best θ "
-              "| default / max(v0, mb) | default / v0 | tuner ended at |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| cost model | profile | workload | v0 | mb | best θ (tok/s) | eb-auto | default | default / best θ "
+              "| default / max(v0, mb) | default / v0 | eb-auto / max(v0, mb) | tuner ended at |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for cmn in COST_MODELS:
             for p in PROFILES:
                 for w in mixes:
@@ -145,12 +146,14 @@ def main() -> int:
                     d, v0, mb = g["default"]["steady"], g["v0"]["steady"], g["mb"]["steady"]
                     rb, rm, rs = d / g[best]["steady"], d / max(v0, mb), d / v0
                     worst = {"best": min(worst["best"], rb), "stock": min(worst["stock"], rs),
-                             "max": min(worst["max"], rm)}
+                             "max": min(worst["max"], rm), "auto": min(worst.get("auto", 9.0),
+                                                                        g["eb-auto"]["steady"] / max(v0, mb))}
                     print(f"| {cmn} | {p.split('/')[1]} | {w} | {v0:,.0f} | {mb:,.0f} | {best.split('=')[1]} "
-                          f"({g[best]['steady']:,.0f}) | {d:,.0f} | {rb:.1%} | "
-                          f"{rm:.1%} | {rs:.1%} | {_tuner_text(g['default'])} |")
+                          f"({g[best]['steady']:,.0f}) | {g['eb-auto']['steady']:,.0f} | {d:,.0f} | {rb:.1%} | "
+                          f"{rm:.1%} | {rs:.1%} | {g['eb-auto']['steady'] / max(v0, mb):.1%} | "
+                          f"{_tuner_text(g['default'])} |")
         print(f"\nworst default / best θ {worst['best']:.1%}, / max(v0, mb) {worst['max']:.1%}, "
-              f"/ v0 {worst['stock']:.1%}\n")
+              f"/ v0 {worst['stock']:.1%}; worst eb-auto / max(v0, mb) {worst['auto']:.1%}\n")
     if "B" in sections:
         print(f"**B. Below saturation** ({n // 4:,} requests; fitted cost model).\n")
         print("| profile | workload | c | v0 tok/s | default tok/s | TTFT p50 v0 / default (s) | TTFT p99 v0 / default "
