@@ -82,6 +82,12 @@ PLAN: dict[str, Step] = {
                                                    slow=True, why=SLOW.format(s="about 90 s")),
     "python tools/sim_dp_table.py --calibrate": Step("run", timeout=120, expect="mean factor"),
     "python tools/bench_sbs.py": Step("run", timeout=120, expect="p50"),
+    "python tools/learn_table.py": Step("run", timeout=1800, expect="Below saturation", slow=True,
+                                        why=SLOW.format(s="about 7 minutes of simulation (368 runs)")),
+    "python tools/learn_real.py --quick": Step("skip", "the real sglang CPU server for about 3 minutes "
+                                               "(tools/sglang_env.sh's environment)"),
+    "python tools/learn_real.py": Step("skip", "the real sglang CPU server under load for 5 minutes (a quiet "
+                                       "machine)"),
 }
 
 # The CLI table's commands in concrete forms, run against the demo while it runs: (command, must contain[,
