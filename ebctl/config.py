@@ -166,8 +166,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
                       0.25, 4.0),
     "tune_recheck": Spec(int, "measured: completions between settling and re-checking the neighbours and stock "
                               "(then twice as long, up to 8×)", 0, 100_000_000),
-    "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) that restarts "
-                              "the search (output length: twice this)", 0.01, 10.0),
+    "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) "
+                              "that restarts the search (output length: twice this)", 0.01, 10.0),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
     "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
 }
