@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuner: {tu.get('state')} at {tu.get('incumbent')} (θ {tu.get('theta_incumbent')}); trials "
           f"{tu.get('trials')} (won {tu.get('won')}, lost {tu.get('lost')}, aborted {tu.get('aborted')})")
     for h in tu.get("history") or []:
+        effect = "-" if h.get("effect") is None else f"{h['effect']:+.1%} ± {h.get('half_width') or 0:.1%}"
         print(f"  {h['incumbent']} vs {h['challenger']}: {h['pairs']} pairs, windows {h['rates']}, effect "
-              f"{h['effect']:+.1%} ± {h['half_width']:.1%} -> {h['decision']} {h['why']}")
+              f"{effect} -> {h['decision']} {h['why']}")
     pr = e.get("probes") or {}
     print(f"probes: {pr.get('count')} ({pr.get('seconds', 0):.1f} s, {pr.get('share', 0):.1%} of the time, "
           f"last for the {pr.get('last_for') or '-'} fit)")
