@@ -43,6 +43,8 @@ from sglang_patch.reading import batch_shape
 
 _RING = 4  # steps between planning a batch and processing its result (overlap: 1) fit easily
 _FINISHED_OUTPUT = attrgetter("finished_output")  # True once sglang streamed the request's completion
+COUNTS_EVERY = 16  # reports between two that carry the gate's (cumulative) decision counts
+_NO_COUNTS: dict = {}  # never mutated
 _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exactly once, whatever path
 # The link is asked for the newest policy at most this often (s): policies change on a scale of seconds
 # (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 20 ms late; on short iterations
@@ -344,7 +346,7 @@ class PluginState(Lifecycle):
             self.finished += len(finished)
         self.link.report_row((seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
                               kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable,
-                              self.mixed_reason, self.group, self.gate.counts.copy(), finished))
+                              self.mixed_reason, self.group, self._counts(seq), finished))
 
     def aborted(self, req: Any) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
@@ -360,7 +362,16 @@ class PluginState(Lifecycle):
         finished, self.pending = tuple(self.pending), []
         self._send((self.seq, wall_clock(), 0.0, BatchKind.IDLE, 0, 0, 0, 0, len(plan.running_batch.reqs),
                     len(sched.waiting_queue), self._kv_used(), self.kv_total, self.max_running, self.version,
-                    self.mixed_unavailable, self.mixed_reason, self.group, self.gate.counts.copy(), finished))
+                    self.mixed_unavailable, self.mixed_reason, self.group, self._counts(0), finished))
+
+    def _counts(self, seq: int) -> dict:
+        """The gate's decision counts for report ``seq``: cumulative, so every COUNTS_EVERY-th report carries
+        them (the daemon keeps the last it got) and the others an empty dict (a copy and its encoding per
+        report cost a few µs of the per-iteration budget); an idle report (``seq`` 0 here) always does, so the
+        daemon has the final counts once a load ends."""
+        if seq % COUNTS_EVERY:
+            return _NO_COUNTS
+        return {str(r): n for r, n in self.gate.counts.items() if n}
 
     def _send(self, row: tuple) -> None:
         """Hand a report row (``protocol.REPORT_ROW`` order, ``finished`` last) to the link; never blocks: a
