@@ -75,7 +75,7 @@ PLAN: dict[str, Step] = {
                                         "minutes (tools/sglang_env.sh's environment, a quiet machine)"),
     "python tools/sim_vs_real.py --quick": Step("skip", "the real sglang CPU server, 2-3 minutes; "
                                                 "tests/sglang/test_sim_vs_real.py runs it"),
-    "python tools/bench_hook.py --rounds 2": Step("skip", "starts the real sglang server six times (the "
+    "python tools/bench_hook.py --rounds 3": Step("skip", "starts the real sglang server six times (the "
                                                   "environment of tools/sglang_env.sh; many minutes)"),
     "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
     "python tools/sim_dp_table.py --seeds 3": Step("run", timeout=600, expect="highest load meeting the SLO",
