@@ -9,7 +9,7 @@ Cost models (``ebctl.sim.dp.costs``): ``dpep`` (calibrated to the paper's Table 
 forward times; the first 10% of each run's requests are left out of the latency figures (an empty system
 flatters them). Bisection: 10 steps between 30% and 110% of the full-chunk capacity.
 
-    python tools/sim_dp_table.py                 # 8 and 16 ranks, both cost models, markdown
+    python tools/sim_dp_table.py                 # 1 and 3 instances of 8 and 16 ranks, both cost models
     python tools/sim_dp_table.py --ranks 8 --cost dpep --seeds 1   # quicker
     python tools/sim_dp_table.py --calibrate     # the dpep slowdown from the paper's Table 1
 """
@@ -47,10 +47,12 @@ class Bench:
         for s in range(self.seeds):
             tokens = self.pool[np.random.default_rng(1000 + s).integers(0, self.pool.size, n)]
             m = run(poisson(rate, n, seed=s), tokens, policy, self.cfg, warmup=n // 10)
-            out.append((m["ttft_s"]["mean"], m["ttft_s"]["p99"], m["chunk_util"], m["load_spread"]))
+            out.append((m["ttft_s"]["mean"], m["ttft_s"]["p99"], m["chunk_util"], m["load_spread"],
+                        m["forwards_per_s"] / self.cfg.instances, m["busy_share"]))
             self.runs += 1
         mean = np.mean(out, axis=0)
-        return {"ttft": mean[0], "p99": mean[1], "util": mean[2], "spread": mean[3]}
+        return {"ttft": mean[0], "p99": mean[1], "util": mean[2], "spread": mean[3], "fwd": mean[4],
+                "busy": mean[5]}
 
     def capacity(self, policy: str, lo: float, hi: float, steps: int = 10) -> float:
         for _ in range(steps):
@@ -59,23 +61,27 @@ class Bench:
         return lo
 
 
-def prefill_table(ranks: int, cost: str, args: argparse.Namespace) -> list[str]:
-    cfg = DpConfig(ranks=ranks, mode="attention", chunk=args.chunk, costs=dpcosts.named(cost))
+def prefill_table(ranks: int, cost: str, args: argparse.Namespace, instances: int = 1) -> list[str]:
+    cfg = DpConfig(ranks=ranks, mode="attention", chunk=args.chunk, costs=dpcosts.named(cost), instances=instances)
     pool = prompts(args.max_prompt)
     t_full = cfg.costs.prefill.predict(prefill_tokens=cfg.chunk, prefill_reqs=1)
     b = Bench(cfg, pool, duration=args.forwards * t_full, seeds=args.seeds, slo=args.slo)
     t0 = time.perf_counter()
-    full = ranks * cfg.chunk / t_full / pool.mean()
+    full = instances * ranks * cfg.chunk / t_full / pool.mean()
     base = b.capacity("total-tokens", 0.3 * full, 1.1 * full)
-    lines = [f"**{ranks} ranks, DP attention (lockstep), cost model {cost}** (full chunk {t_full:.3f} s): "
+    shape = f"{instances} instances × {ranks} ranks" if instances > 1 else f"{ranks} ranks"
+    lines = [f"**{shape}, DP attention (lockstep), cost model {cost}** (full chunk {t_full:.3f} s): "
              f"total-tokens capacity at mean TTFT ≤ {args.slo:g} s = {base:.1f} req/s (full-chunk capacity "
              f"{full:.1f} req/s)", "",
              "| load | " + " | ".join(f"{p} TTFT mean / p99 s" for p in POLICIES) + " | chunk util rr / tt / sbs | "
-             "load spread rr / tt / sbs |", "|---" * 6 + "|"]
+             "forwards/s per instance rr / tt / sbs | busy rr / tt / sbs | load spread rr / tt / sbs |",
+             "|---" * 8 + "|"]
     for f in LOADS:
         pts = [b.point(p, f * base) for p in POLICIES]
         lines.append(f"| {f:.0%} | " + " | ".join(f"{x['ttft']:.3f} / {x['p99']:.3f}" for x in pts)
                      + " | " + " / ".join(f"{x['util']:.0%}" for x in pts)
+                     + " | " + " / ".join(f"{x['fwd']:.2f}" for x in pts)
+                     + " | " + " / ".join(f"{x['busy']:.0%}" for x in pts)
                      + " | " + " / ".join(f"{x['spread']:.2f}" for x in pts) + " |")
     lines += ["", "| policy | highest load meeting the SLO | req/s | chunk util there | load spread there |",
               "|---|---|---|---|---|"]
@@ -144,6 +150,8 @@ def calibrate(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--instances", type=int, nargs="+", default=[1, 3],
+                    help="lockstep instances behind the dispatcher (the paper's deployment: 3)")
     ap.add_argument("--chunk", type=int, default=3072)
     ap.add_argument("--max-prompt", type=int, default=3072, help="drop longer prompts; 0: keep all")
     ap.add_argument("--cost", nargs="+", default=list(dpcosts.NAMES), help="dpep, dpep-compute")
@@ -161,8 +169,9 @@ def main() -> None:
         return
     for cost in args.cost:
         print(f"cost model {cost}: {dpcosts.describe(dpcosts.named(cost))}\n")
-        for r in args.ranks:
-            print("\n".join(prefill_table(r, cost, args)))
+        for n in args.instances:
+            for r in args.ranks:
+                print("\n".join(prefill_table(r, cost, args, n)), flush=True)
     print("\n".join(decode_table(args)))
 
 

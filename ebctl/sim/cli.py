@@ -75,6 +75,8 @@ def simulate(
     dispatch: Annotated[str, typer.Option(help="--dp: comma-separated dispatch policies: round-robin, "
                                                "total-tokens (sglang's), sbs.")] = "round-robin,total-tokens,sbs",
     dp_mode: Annotated[str, typer.Option(help="--dp: attention (DP+EP, ranks in lockstep) or plain.")] = "attention",
+    instances: Annotated[int, typer.Option(help="--dp with attention: lockstep instances of N ranks each behind "
+                                                "one dispatcher (the SBS paper: 3).")] = 1,
     rate: Annotated[float, typer.Option(help="--dp: Poisson arrivals per second; 0: the trace's timestamps.")] = 0.0,
     chunk: Annotated[int, typer.Option(help="--dp: prefill tokens per rank and forward.")] = 3072,
     dp_profile: Annotated[str, typer.Option(help="--dp: dpep (DeepSeek-V3 DP+EP: qwen3-30b-a3b/h200 scaled, "
@@ -89,9 +91,9 @@ def simulate(
     if dp:
         from ebctl.sim.dp.cli import simulate_dp
         try:
-            simulate_dp(dp=dp, dispatch_list=dispatch, mode=dp_mode, rate=rate, chunk=chunk, profile=dp_profile,
-                        workload=workload, trace=str(trace) if trace else None, requests=requests, seed=seed,
-                        time_scale=time_scale, json_out=json_out, command=_command_line())
+            simulate_dp(dp=dp, instances=instances, dispatch_list=dispatch, mode=dp_mode, rate=rate, chunk=chunk,
+                        profile=dp_profile, workload=workload, trace=str(trace) if trace else None,
+                        requests=requests, seed=seed, time_scale=time_scale, json_out=json_out, command=_command_line())
         except (ValueError, OSError, profiles.ProfileError) as e:
             raise _fail(str(e)) from None
         return

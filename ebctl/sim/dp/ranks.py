@@ -98,6 +98,7 @@ class Instance:
         self.started = 0.0
         self.batches: list[list[tuple[Req, int]]] = []
         self.forwards = 0
+        self.forward_s = 0.0  # Σ forward durations
         self.util_sum = 0.0  # Σ over forwards of tokens / (ranks · chunk)
         self.straggle_sum = 0.0  # Σ over forwards of max rank tokens / mean rank tokens
         self.wait_s = 0.0  # Σ over forwards and ranks of the time a rank waited for the slowest
@@ -116,6 +117,7 @@ class Instance:
         n = len(self.ranks)
         mean_tok = sum(tokens) / n
         self.forwards += 1
+        self.forward_s += duration
         self.util_sum += sum(tokens) / (n * self.ranks[0].chunk)
         self.straggle_sum += max(tokens) / mean_tok if mean_tok > 0 else 1.0
         self.wait_s += sum(duration - c for c in costs)

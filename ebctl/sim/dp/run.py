@@ -25,8 +25,11 @@ from ebctl.sim.dp.ranks import Instance, PrefillRank, Req
 
 @dataclass(frozen=True)
 class DpConfig:
-    ranks: int = 8
+    ranks: int = 8  # DP ranks of one instance (attention); independent ranks (plain)
     mode: Literal["attention", "plain"] = "attention"  # lockstep DP attention (DP+EP), or independent ranks
+    # attention: lockstep instances of ``ranks`` ranks each, behind one dispatcher (the SBS paper's 3P1D
+    # deployment has three prefill instances of 8 ranks); plain DP has one rank per instance, so 1 only
+    instances: int = 1
     chunk: int = 3072  # prefill tokens per rank and forward (the paper's "Prefill Chunk Size (3K)")
     costs: IterationCosts = field(default_factory=dpcosts.build)
     # the simulator delivers a release at once, so its L_net is 0: an L_net above the real latency makes
@@ -37,14 +40,19 @@ class DpConfig:
         if self.ranks < 1 or self.chunk < 1 or self.mode not in ("attention", "plain"):
             raise ValueError(f"DpConfig: ranks={self.ranks} (>= 1), chunk={self.chunk} (>= 1), "
                              f"mode={self.mode!r} (attention or plain)")
+        if self.instances < 1 or (self.mode == "plain" and self.instances != 1):
+            raise ValueError(f"DpConfig: instances={self.instances}: >= 1 under attention; 1 under plain DP "
+                             "(each rank is its own instance there: give more ranks)")
         if self.costs.prefill is None:
             raise ValueError("DpConfig: the cost model has no prefill cost")
 
 
 def build(cfg: DpConfig) -> tuple[list[PrefillRank], list[Instance]]:
-    ranks = [PrefillRank(i, cfg.chunk) for i in range(cfg.ranks)]
+    """Ranks 0..ranks·instances−1; instance i holds ranks [i·ranks, (i+1)·ranks) under attention."""
+    n = cfg.ranks
+    ranks = [PrefillRank(i, cfg.chunk) for i in range(n * cfg.instances)]
     if cfg.mode == "attention":
-        return ranks, [Instance(0, ranks, cfg.costs.prefill)]
+        return ranks, [Instance(i, ranks[i * n:(i + 1) * n], cfg.costs.prefill) for i in range(cfg.instances)]
     return ranks, [Instance(i, [r], cfg.costs.prefill) for i, r in enumerate(ranks)]
 
 
@@ -109,9 +117,16 @@ def summarise(reqs: list[Req], instances: list[Instance], disp: Any, cfg: DpConf
               ) -> dict[str, Any]:
     """TTFT (prompt done − arrival), its two waits (at the dispatcher: sent − arrival; in the engine:
     first chunk − sent), prompt tokens/s over the run, chunk utilisation (tokens a forward prefilled over
-    ranks × chunk, mean over forwards), and the load spread: under DP attention the mean over forwards of
-    the busiest rank's tokens over the mean rank's (1 = even) and the share of rank time spent waiting at
-    the barrier for the slowest rank; under plain DP the busiest rank's busy time over the mean's."""
+    its instance's ranks × chunk, mean over forwards), forwards per second and the busy share (the
+    instances' forward time over instances × the run), and the load spread: under DP attention the mean
+    over forwards of the busiest rank's tokens over the mean rank's (1 = even) and the share of rank time
+    spent waiting at the barrier for the slowest rank; under plain DP the busiest rank's busy time over
+    the mean's.
+
+    Chunk utilisation at equal load is fixed by the forward rate: Σ tokens = the offered prompt tokens, so
+    the mean over forwards is offered tokens / (forwards · ranks · chunk). A policy that runs more,
+    shorter forwards over the same requests shows a lower utilisation; only a higher load (or an instance
+    left idle so forwards fill up) raises it."""
     arrival = np.array([r.arrival for r in reqs])
     done = np.array([r.done for r in reqs])
     if (done < 0).any():
@@ -122,19 +137,22 @@ def summarise(reqs: list[Req], instances: list[Instance], disp: Any, cfg: DpConf
     forwards = sum(i.forwards for i in instances)
     busy = np.array([r.busy_s for i in instances for r in i.ranks])
     if cfg.mode == "attention":
-        inst = instances[0]
-        spread = inst.straggle_sum / max(1, inst.forwards)
-        rank_time = sum(busy) + inst.wait_s
-        barrier = inst.wait_s / rank_time if rank_time > 0 else 0.0
+        spread = sum(i.straggle_sum for i in instances) / max(1, forwards)
+        waited = sum(i.wait_s for i in instances)
+        rank_time = sum(busy) + waited
+        barrier = waited / rank_time if rank_time > 0 else 0.0
     else:
         spread = float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0
         barrier = 0.0
-    return {"policy": disp.name, "requests": len(reqs), "ranks": cfg.ranks, "mode": cfg.mode, "chunk": cfg.chunk,
+    return {"policy": disp.name, "requests": len(reqs), "ranks": cfg.ranks, "instances": cfg.instances,
+            "mode": cfg.mode, "chunk": cfg.chunk,
             "offered_req_per_s": (len(reqs) - 1) / float(arrival.max() - arrival.min() or 1e-9),
             "ttft_s": _pct(ttft), "dispatch_wait_s": _pct(np.array([r.sent - r.arrival for r in timed])),
             "engine_wait_s": _pct(np.array([r.started - r.sent for r in timed])),
             "req_per_s": len(reqs) / span, "prompt_tok_per_s": sum(r.tokens for r in reqs) / span,
             "chunk_util": sum(i.util_sum for i in instances) / max(1, forwards), "forwards": forwards,
+            "forwards_per_s": forwards / span,
+            "busy_share": sum(i.forward_s for i in instances) / (len(instances) * span),
             "load_spread": spread, "barrier_wait": barrier,
             "overloads": len(getattr(disp, "overloaded", ())),
             "releases": getattr(getattr(disp, "clock", None), "releases", 0),
