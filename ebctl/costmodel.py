@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.optimize import nnls
 
 from ebctl import model
@@ -178,11 +179,13 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
         return PhaseFit(None, Quality(False, math.nan, math.nan, 0, f"{n} iterations < {min_samples}"), (), n)
     test = np.arange(n) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     cols = [FEATURES.index(f) for f in KIND_FEATURES[kind] if _spread(x[:, FEATURES.index(f)])]
+    train = _Relative(x[~test], y[~test])  # built once: every candidate fit below selects its columns
+    d_test, y_test = _design(x[test], list(range(len(FEATURES)))), y[test]
 
     def held_out_err(use: list[int]) -> float:
-        coef = _nnls(x[~test], y[~test], use)
-        pred = _design(x[test], use) @ coef
-        return float(np.median(np.abs(pred - y[test]) / y[test]))
+        sel = [0, *(c + 1 for c in use)]
+        pred = d_test[:, sel] @ train.l2(sel)
+        return float(np.median(np.abs(pred - y_test) / y_test))
 
     err = held_out_err(cols)
     changed = True
@@ -194,11 +197,12 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
             if e <= err * _SIMPLER_WITHIN:
                 cols, err, changed = rest, min(err, e), True
                 break
-    coef_train = _nnls_l1(x[~test], y[~test], cols)
+    sel = [0, *(c + 1 for c in cols)]
+    coef_train = train.l1(sel)
     mean_s = float(np.mean(y[~test]))
-    quality = judge(_design(x[test], cols) @ coef_train, y[test], mean_s, max_rel_err=max_rel_err)
+    quality = judge(d_test[:, sel] @ coef_train, y_test, mean_s, max_rel_err=max_rel_err)
     full = np.zeros(len(FEATURES) + 1)  # the coefficients judged: fitted on the training iterations only (a
-    full[[0, *(c + 1 for c in cols)]] = coef_train  # refit on all of them cost a controller update ~0.7 ms more)
+    full[sel] = coef_train  # refit on all of them cost a controller update ~0.7 ms more)
     return PhaseFit(phase_cost(full), quality, tuple(FEATURES[c] for c in cols), n, mean_s)
 
 
@@ -280,25 +284,63 @@ def _design(x: np.ndarray, cols: list[int]) -> np.ndarray:
     return np.column_stack([np.ones(len(x)), *(x[:, c] for c in cols)])
 
 
-def _nnls_l1(x: np.ndarray, y: np.ndarray, cols: list[int], iters: int = _L1_ITERATIONS) -> np.ndarray:
-    """Coefficients ≥ 0 that (nearly) minimise Σ |a·x − y|/y: iteratively reweighted least squares, each
-    row weighted by 1/√|relative residual| of the previous pass (floored at 0.1%), from the L2 fit."""
-    a = _design(x, cols) / y[:, None]
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    a /= scale
-    w = np.ones(len(y))
-    coef = np.zeros(a.shape[1])
-    for _ in range(iters):
-        coef, _ = nnls(a * w[:, None], w, maxiter=50 * a.shape[1])
-        w = 1.0 / np.sqrt(np.maximum(np.abs(a @ coef - 1.0), 1e-3))
-    return coef / scale
+class _Relative:
+    """The relative-error problem of one set of iterations, built once: rows [1, x] / y (a fit's relative
+    residuals are a·c − 1), columns scaled to their largest value for conditioning. Fits select columns
+    (0: the intercept; 1 + i: ``FEATURES[i]``) and return unscaled coefficients ≥ 0 for those columns."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.a = _design(x, list(range(x.shape[1]))) / y[:, None]
+        self.scale = np.abs(self.a).max(axis=0)
+        self.scale[self.scale == 0] = 1.0
+        self.a /= self.scale
+        self.ones = np.ones(len(y))
+        self.gram, self.h = self.a.T @ self.a, self.a.sum(axis=0)  # aᵀa and aᵀ1: the L2 fits need no rows
+
+    def l2(self, sel: list[int]) -> np.ndarray:
+        """Minimise Σ ((a·c − y)/y)²."""
+        coef = _nnls_gram(self.gram[np.ix_(sel, sel)], self.h[sel])
+        if coef is None:
+            coef = _nnls_reduced(self.a[:, sel], self.ones)
+        return coef / self.scale[sel]
+
+    def l1(self, sel: list[int], iters: int = _L1_ITERATIONS) -> np.ndarray:
+        """(Nearly) minimise Σ |a·c − y|/y: iteratively reweighted least squares, each row weighted by
+        1/√|relative residual| of the previous pass (floored at 0.1%), from the L2 fit."""
+        a = self.a[:, sel]
+        w = self.ones
+        coef = np.zeros(len(sel))
+        for _ in range(iters):
+            aw = a * w[:, None]
+            c = _nnls_gram(aw.T @ aw, aw.T @ w)
+            coef = _nnls_reduced(aw, w) if c is None else c
+            w = 1.0 / np.sqrt(np.maximum(np.abs(a @ coef - 1.0), 1e-3))
+        return coef / self.scale[sel]
 
 
-def _nnls(x: np.ndarray, y: np.ndarray, cols: list[int]) -> np.ndarray:
-    """Coefficients (intercept first) ≥ 0 minimising Σ ((a·x − y)/y)², columns scaled for conditioning."""
-    a = _design(x, cols) / y[:, None]
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(a / scale, np.ones(len(y)), maxiter=50 * a.shape[1])
-    return coef / scale
+def _nnls_gram(gram: np.ndarray, h: np.ndarray) -> np.ndarray | None:
+    """min ‖a·c − b‖² over c ≥ 0 from aᵀa = L·Lᵀ and aᵀb = h alone: ‖a·c − b‖² = ‖Lᵀc − L⁻¹h‖² + const.
+    None when aᵀa is too ill-conditioned for that to be accurate (squaring the condition number): then
+    the caller solves on the rows."""
+    try:
+        low = np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:
+        return None
+    d = np.diag(low)
+    if d.min() <= 1e-6 * d.max():
+        return None
+    z = solve_triangular(low, h, lower=True, check_finite=False)
+    free = solve_triangular(low.T, z, lower=False, check_finite=False)
+    if (free >= 0).all():  # the unconstrained minimum is feasible, so it is the constrained one (convex)
+        return free
+    coef, _ = nnls(low.T, z, maxiter=50 * len(h))
+    return coef
+
+
+def _nnls_reduced(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``scipy.optimize.nnls(a, b)`` on the k × k triangle of a's QR instead of its m rows: with a = QR,
+    ‖a·c − b‖² = ‖R·c − Qᵀb‖² + ‖b − QQᵀb‖², the last term free of c, so both have the same minimisers
+    (rank-deficient columns included)."""
+    q, r = np.linalg.qr(a)
+    coef, _ = nnls(r, q.T @ b, maxiter=50 * a.shape[1])
+    return coef

@@ -240,3 +240,29 @@ def test_paper_costs_preserve_a_mixed_iteration():
     beta = c.c0 + c.c1 * r + c.c2 * r * r
     want = MIX.predict(prefill_tokens=p_tok, prefill_reqs=p_req, decode_reqs=d_rows, decode_ctx_tokens=d_rows * ctx)
     assert c.alpha_mb + beta * n_tok == pytest.approx(want, rel=1e-12)
+
+
+# ---- the fit's solver: the same minimiser as scipy's nnls on every row ----------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reduced_solvers_match_nnls_on_the_rows(seed):
+    """The fit solves on aᵀa (or on a's QR triangle) instead of the m rows; scipy.optimize.nnls on the rows
+    is the independent reference. Cases: a feasible unconstrained minimum, one that needs the bound (a
+    column whose best coefficient is negative), and two identical columns (aᵀa singular: the QR path)."""
+    from scipy.optimize import nnls
+
+    from ebctl.costmodel import _nnls_gram, _nnls_reduced
+
+    rng = np.random.default_rng(seed)
+    a = rng.random((400, 4)) + 0.1
+    b = a @ np.array([0.5, 1.0, 0.0, 2.0]) + rng.normal(0, 0.05, 400)
+    b_neg = b - 0.8 * a[:, 2]  # the third coefficient would be negative: the bound binds
+    for target in (b, b_neg):
+        ref, _ = nnls(a, target)
+        assert np.allclose(_nnls_gram(a.T @ a, a.T @ target), ref, atol=1e-8)
+        assert np.allclose(_nnls_reduced(a, target), ref, atol=1e-8)
+    assert (nnls(a, b_neg)[0][2] == 0) and (np.linalg.lstsq(a, b_neg, rcond=None)[0][2] < 0)
+    twin = np.column_stack([a, a[:, 0]])
+    assert _nnls_gram(twin.T @ twin, twin.T @ b) is None  # refused: the caller goes to the rows
+    ref_obj = np.linalg.norm(twin @ nnls(twin, b)[0] - b)
+    assert np.linalg.norm(twin @ _nnls_reduced(twin, b) - b) == pytest.approx(ref_obj, rel=1e-9)
