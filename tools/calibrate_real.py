@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: daemon, tap, server, client
 sys.path.insert(0, str(REPO))
 
-from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, engine_config, free_port, post_json, server_env  # noqa: E402
+from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, ebctl_start, engine_config, server_env  # noqa: E402
 from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl import profiles  # noqa: E402
@@ -86,49 +84,19 @@ def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
 
 def calibrate(venv: Path, model: Path, work: Path, seconds: float, out: Path, sets: list[str]) -> dict[str, Any]:
     """Step 1: ``ebctl start`` + workload A, then ``tune calibrate`` and ``status``."""
-    rt, port = work / "rt", free_port()
     env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
     env.update(ONE_TORCH_CORE)
-    cmd = [str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt),
-           *(x for kv in sets for x in ("--set", kv)), "start", "--engine", "sglang",
-           "--", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
-    log = open(work / "start.log", "wb")  # noqa: SIM115 -- closed in finally
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd="/")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ebctl start exited with {proc.returncode}:\n"
-                                   f"{(work / 'start.log').read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
-                          timeout=10)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError("sglang under ebctl start did not serve within 300 s")
-            time.sleep(1.0)
+    with ebctl_start(venv, model, work, SERVER_ARGS, sets, env=env) as (_, url):
         print(f"[calibrate] serving at {url}; workload A for {seconds:.0f} s: {WORKLOAD_A}", flush=True)
         load = load_for(venv, url, work, seconds, WORKLOAD_A, "a")
-        cal = ebctl(venv, rt, "tune", "calibrate", "--out", str(out))
-        st = ebctl(venv, rt, "status", "--json")
-        status = json.loads(st.stdout) if st.returncode == 0 else {}
-        eng = (status.get("engines") or {}).get("dp0", {})
-        return {"load": load, "calibrate_rc": cal.returncode, "calibrate_stderr": cal.stderr.strip()[-2000:],
-                "status_rc": st.returncode, "cost_source": (eng.get("costs") or {}).get("source"),
-                "cost_reason": eng.get("cost_reason"), "cost_fits": eng.get("cost_fits"),
-                "reports": eng.get("reports")}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)  # what Ctrl-C does: ebctl start stops both
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
+        cal = ebctl(venv, work / "rt", "tune", "calibrate", "--out", str(out))
+        st = ebctl(venv, work / "rt", "status", "--json")
+    status = json.loads(st.stdout) if st.returncode == 0 else {}
+    eng = (status.get("engines") or {}).get("dp0", {})
+    return {"load": load, "calibrate_rc": cal.returncode, "calibrate_stderr": cal.stderr.strip()[-2000:],
+            "status_rc": st.returncode, "cost_source": (eng.get("costs") or {}).get("source"),
+            "cost_reason": eng.get("cost_reason"), "cost_fits": eng.get("cost_fits"),
+            "reports": eng.get("reports")}
 
 
 def later_run(venv: Path, model: Path, work: Path, seconds: float, prof_path: Path, sets: list[str]) -> list:

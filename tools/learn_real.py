@@ -21,10 +21,7 @@ not the full run's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: server environment, client
 sys.path.insert(0, str(REPO))
 
-from harness import ONE_TORCH_CORE, bench, free_port, post_json, server_env  # noqa: E402
+from harness import ONE_TORCH_CORE, bench, ebctl_start, server_env  # noqa: E402
 from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
@@ -73,31 +70,10 @@ def line(t: float, e: dict[str, Any]) -> str:
 
 
 def run(venv: Path, model: Path, work: Path, seconds: float, conc: int, sets: list[str]) -> dict[str, Any]:
-    rt, port = work / "rt", free_port()
     env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
     env.update(ONE_TORCH_CORE)
-    cmd = [str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt),
-           *(x for kv in sets for x in ("--set", kv)), "start", "--engine", "sglang",
-           "--", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
-    log = open(work / "start.log", "wb")  # noqa: SIM115 -- closed in finally
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd="/")
-    url = f"http://127.0.0.1:{port}"
-    sent = completed = rounds = 0
     timeline: list[str] = []
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ebctl start exited with {proc.returncode}:\n"
-                                   f"{(work / 'start.log').read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
-                          timeout=10)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError("sglang under ebctl start did not serve within 300 s")
-            time.sleep(1.0)
+    with ebctl_start(venv, model, work, SERVER_ARGS, sets, env=env) as (_, url):
         print(f"[learn] serving at {url}; c = {conc} for {seconds:.0f} s: {WORKLOAD}", flush=True)
         t0 = time.monotonic()
         results: list[dict] = []
@@ -113,24 +89,12 @@ def run(venv: Path, model: Path, work: Path, seconds: float, conc: int, sets: li
         th.start()
         while th.is_alive():
             th.join(10.0)
-            timeline.append(line(time.monotonic() - t0, snapshot(venv, rt)))
+            timeline.append(line(time.monotonic() - t0, snapshot(venv, work / "rt")))
             print(timeline[-1], flush=True)
-        final = snapshot(venv, rt)
+        final = snapshot(venv, work / "rt")
         rounds = len(results)
-        sent = rounds * WORKLOAD["num_prompts"]
-        completed = sum(r["completed"] for r in results)
-        return {"final": final, "timeline": timeline, "rounds": rounds, "sent": sent, "completed": completed,
-                "load_s": time.monotonic() - t0}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)  # what Ctrl-C does: ebctl start stops both
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
+        return {"final": final, "timeline": timeline, "rounds": rounds, "sent": rounds * WORKLOAD["num_prompts"],
+                "completed": sum(r["completed"] for r in results), "load_s": time.monotonic() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -376,3 +376,69 @@ def eb_check(reports: list[IterationReport], *, k: int, n_max: int) -> dict:
 
 __all__ = ["BURST", "EB_K4_N8", "ONE_TORCH_CORE", "TP_TORCH_CORES", "Daemon", "Rig", "Server", "Tap", "bench",
            "check_accounting", "eb_check", "engine_config", "free_port", "post_json", "server_env", "stop", "wait_for"]
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    """Live processes whose environment holds ``marker`` (a run's unique EBCTL_CONFIG path): pid → command
+    line. How a test finds everything ``ebctl start`` spawned, and only that."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes() and \
+                    (d / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return out
+
+
+def daemon_status(endpoint: str) -> dict | None:
+    """The daemon's ``status`` over its control socket; None when it does not answer within 1 s."""
+    try:
+        with ControlClient(endpoint, timeout_s=1.0) as c:
+            r = c.request("status")
+    except DaemonUnreachable:
+        return None
+    return r.data if r.ok else None
+
+
+@contextlib.contextmanager
+def ebctl_start(venv: Path, model: Path, work: Path, server_args: list[str], sets: list[str], *,
+                env: dict[str, str], serve_timeout: float = 300.0):
+    """``ebctl start --engine sglang`` (runtime directory ``work/rt``, log ``work/start.log``) until sglang
+    answers a generate request; yields the process and the server's URL; on exit, Ctrl-C (SIGINT: what
+    stops both) and, after 120 s, SIGKILL of the whole process group."""
+    rt, port = work / "rt", free_port()
+    cmd = [str(venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt),
+           *(x for kv in sets for x in ("--set", kv)), "start", "--engine", "sglang",
+           "--", "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *server_args]
+    log = open(work / "start.log", "wb")  # noqa: SIM115 -- closed in finally
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + serve_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ebctl start exited with {proc.returncode}:\n"
+                                   f"{(work / 'start.log').read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                post_json(f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+                          timeout=10)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sglang under ebctl start did not serve within {serve_timeout:.0f} s")
+            time.sleep(1.0)
+        yield proc, url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()

@@ -12,42 +12,16 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from harness import TP_TORCH_CORES, bench, free_port, post_json, server_env, wait_for
-
-from ebctl.link import ControlClient, DaemonUnreachable
+from harness import TP_TORCH_CORES, bench, free_port, post_json, processes_with, server_env, wait_for
+from harness import daemon_status as status
 
 pytestmark = pytest.mark.sglang
 
 TINY_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
              "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
              "--sleep-on-idle", "--dp-size", "2", "--load-balance-method", "round_robin"]
-
-
-def processes_with(marker: str) -> dict[int, str]:
-    """Live processes whose environment holds ``marker`` (our unique EBCTL_CONFIG path): pid → command line."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes() and \
-                    (d / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-    return out
-
-
-def status(endpoint: str) -> dict | None:
-    try:
-        with ControlClient(endpoint, timeout_s=1.0) as c:
-            r = c.request("status")
-    except DaemonUnreachable:
-        return None
-    return r.data if r.ok else None
 
 
 def test_ebctl_start_dp2_sbs_fault_in_the_dispatch_hook_and_ctrl_c(sglang_venv, tiny_model, workdir):

@@ -14,43 +14,16 @@ import subprocess
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
-from harness import ONE_TORCH_CORE, bench, free_port, post_json, server_env, wait_for
-
-from ebctl.link import ControlClient, DaemonUnreachable
+from harness import ONE_TORCH_CORE, bench, free_port, post_json, processes_with, server_env, wait_for
+from harness import daemon_status as status
 
 pytestmark = pytest.mark.sglang
 
 TINY_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
              "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
              "--sleep-on-idle"]
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (our unique EBCTL_CONFIG path)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes():
-                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    pids.append(int(d.name))
-        except OSError:
-            continue
-    return pids
-
-
-def status(endpoint: str) -> dict | None:
-    try:
-        with ControlClient(endpoint, timeout_s=1.0) as c:
-            r = c.request("status")
-    except DaemonUnreachable:
-        return None
-    return r.data if r.ok else None
 
 
 def engine_state(url: str) -> dict:
