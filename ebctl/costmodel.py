@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
-from scipy.linalg import solve_triangular
 from scipy.optimize import nnls
 
 from ebctl import model
@@ -329,11 +328,10 @@ def _nnls_gram(gram: np.ndarray, h: np.ndarray) -> np.ndarray | None:
     d = np.diag(low)
     if d.min() <= 1e-6 * d.max():
         return None
-    z = solve_triangular(low, h, lower=True, check_finite=False)
-    free = solve_triangular(low.T, z, lower=False, check_finite=False)
+    free = np.linalg.solve(gram, h)
     if (free >= 0).all():  # the unconstrained minimum is feasible, so it is the constrained one (convex)
         return free
-    coef, _ = nnls(low.T, z, maxiter=50 * len(h))
+    coef, _ = nnls(low.T, np.linalg.solve(low, h), maxiter=50 * len(h))
     return coef
 
 

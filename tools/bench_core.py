@@ -1,5 +1,6 @@
 """Benchmark of the pure core: one controller update (fit + solve) at W = 500 and 2,000 (the measured θ's tuner
-included), one report observed, one gate decision.
+included), one update that also refits a cost fit (2,000 iterations of one kind), one report observed, one
+gate decision.
 
 Budgets (docs/design.md §4): update <= 2 ms at W = 2,000; gate a few µs. Run: python tools/bench_core.py
 """
@@ -41,6 +42,47 @@ def bench_update(method: str, window: int, mode: str = "eb", reps: int = 200) ->
         ctl.since_update = ctl.params.update_every  # force a full recompute (fit + solve) each time
         t = time.perf_counter()
         ctl.update(float(r))
+        times.append(time.perf_counter() - t)
+    assert ctl.errors == 0, ctl.last_error
+    times.sort()
+    return statistics.median(times), times[int(0.99 * len(times)) - 1]
+
+
+def _iteration(rng: np.random.Generator, kind: BatchKind, seq: int) -> IterationReport:
+    """One report of ``kind`` with a cost that depends on its features, 10% noise, every 10th after a switch."""
+    n, tok = int(rng.integers(32, 512)), int(rng.integers(256, 8192))
+    ctx = n * int(rng.integers(100, 2000))
+    pre, dec = kind != BatchKind.DECODE, kind != BatchKind.PREFILL
+    cost = (0.009 + 4.6e-5 * n * dec + 2e-9 * ctx * dec + 2.5e-5 * tok * pre + 0.002 * (seq % 10 == 0))
+    return IterationReport(engine_id="b", seq=seq, wall_time=0.0, forward_s=cost * float(rng.lognormal(0, 0.1)),
+                           kind=kind, decode_reqs=n if dec else 0, decode_ctx_tokens=ctx if dec else 0,
+                           prefill_reqs=1 if pre else 0, prefill_tokens=tok if pre else 0, running=n,
+                           kv_total=500_000,  # a completion each, so the controller's window is full
+                           finished=(FinishedRequest(int(rng.integers(50, 4000)), int(rng.geometric(1 / 300))),))
+
+
+def bench_refit(kind: BatchKind, reps: int = 50) -> tuple[float, float]:
+    """One controller update that also refits one kind's cost fit on a full window (``cost_window`` = 2,000
+    iterations per kind): before each timed update, a tenth of the window is new, so that kind is refitted."""
+    rng = np.random.default_rng(3)
+    ctl = Controller(ControllerParams(update_every=10**9, theta_method="measured", mode="eb+",
+                                      n_min_interval_s=0.0))
+    window = ctl.params.cost_window
+    seq = 0
+    for k in (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED):
+        for _ in range(window):
+            ctl.observe(_iteration(rng, k, seq))
+            seq += 1
+    ctl.since_update = ctl.params.update_every
+    ctl.update(0.0)  # fits every kind once
+    times = []
+    for r in range(reps):
+        for _ in range(window // 10):
+            ctl.observe(_iteration(rng, kind, seq))
+            seq += 1
+        ctl.since_update = ctl.params.update_every
+        t = time.perf_counter()
+        ctl.update(float(r + 1))
         times.append(time.perf_counter() - t)
     assert ctl.errors == 0, ctl.last_error
     times.sort()
@@ -97,6 +139,10 @@ def main() -> None:
         p50, p99 = bench_update(method, window, mode, a.reps)
         print(f"| controller update, W={window}, theta={method}, mode={mode} | {p50 * 1e3:.3f} ms "
               f"| {p99 * 1e3:.3f} ms |")
+    for kind in (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED):
+        p50, p99 = bench_refit(kind)
+        print(f"| controller update with a {kind.value} cost refit (2,000 iterations), theta=measured, mode=eb+ | "
+              f"{p50 * 1e3:.3f} ms | {p99 * 1e3:.3f} ms |")
     for method, mode in (("paper", "eb"), ("measured", "eb+")):
         p50, p99 = bench_observe(method, mode)
         print(f"| one report: observe + update between recomputes, theta={method}, mode={mode} | "

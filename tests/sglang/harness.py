@@ -108,12 +108,13 @@ class Daemon:
             raise AssertionError(f"daemon exited with {self.proc.returncode}: "
                                  f"{(self.workdir / f'daemon.{self.starts}.log').read_text()[-2000:]}")
         try:
-            return self.request("status")["daemon"]["pid"] == self.proc.pid
+            return self.request("status", timeout_s=2.0)["daemon"]["pid"] == self.proc.pid
         except DaemonUnreachable:
             return False
 
-    def request(self, op: str, **args: Any) -> Any:
-        with ControlClient(self.cfg.endpoint("control"), timeout_s=2.0) as c:
+    def request(self, op: str, timeout_s: float = 10.0, **args: Any) -> Any:
+        # 10 s: with both cores held by pinned sglang ranks, a live daemon once took over 2 s to answer (CI)
+        with ControlClient(self.cfg.endpoint("control"), timeout_s=timeout_s) as c:
             reply = c.request(op, **args)
         assert reply.ok, f"daemon refused {op} {args}: {reply.error}"
         return reply.data
