@@ -78,14 +78,16 @@ PLAN: dict[str, Step] = {
     "python tools/bench_hook.py --rounds 3": Step("skip", "starts the real sglang server six times (the "
                                                   "environment of tools/sglang_env.sh; many minutes)"),
     "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
-    "python tools/sim_dp_table.py --seeds 3": Step("run", timeout=600, expect="highest load meeting the SLO",
-                                                   slow=True, why=SLOW.format(s="about 90 s")),
+    "python tools/sim_dp_table.py --seeds 3": Step("run", timeout=1200, expect="highest load meeting the SLO",
+                                                   slow=True, why=SLOW.format(s="about 8 minutes")),
     "python tools/sim_dp_table.py --calibrate": Step("run", timeout=120, expect="mean factor"),
     "python tools/bench_sbs.py": Step("run", timeout=120, expect="p50"),
     "python tools/learn_table.py": Step("run", timeout=1800, expect="Below saturation", slow=True,
                                         why=SLOW.format(s="about 7 minutes of simulation (368 runs)")),
     "python tools/learn_real.py --quick": Step("skip", "the real sglang CPU server for about 3 minutes "
                                                "(tools/sglang_env.sh's environment)"),
+    "python tools/calibrate_real.py": Step("skip", "the real sglang CPU server twice, about 9 minutes (a quiet "
+                                           "machine); tests/sglang/test_sglang_calibrate.py runs --quick"),
     "python tools/learn_real.py": Step("skip", "the real sglang CPU server under load for 5 minutes (a quiet "
                                        "machine)"),
 }
