@@ -395,6 +395,19 @@ def processes_with(marker: str) -> dict[int, str]:
     return out
 
 
+def kill_leftovers(proc: subprocess.Popen, marker: str) -> None:
+    """After a test of ``ebctl start``: SIGKILL its process group if it still runs, then every process that
+    carries ``marker`` (only this run's), so a failed test leaves nothing behind."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    for pid in processes_with(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+
+
 def daemon_status(endpoint: str) -> dict | None:
     """The daemon's ``status`` over its control socket; None when it does not answer within 1 s."""
     try:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import time
 
 import pytest
-from harness import TP_TORCH_CORES, bench, free_port, post_json, processes_with, server_env, wait_for
+from harness import TP_TORCH_CORES, bench, free_port, kill_leftovers, post_json, processes_with, server_env, wait_for
 from harness import daemon_status as status
 
 pytestmark = pytest.mark.sglang
@@ -83,11 +81,4 @@ def test_ebctl_start_dp2_sbs_fault_in_the_dispatch_hook_and_ctrl_c(sglang_venv, 
         assert status(control) is None and not (rt / "start.toml").exists()
     finally:
         log.close()
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        for pid in processes_with(marker):  # only processes carrying our unique runtime dir
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+        kill_leftovers(proc, marker)

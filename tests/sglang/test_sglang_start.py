@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import pytest
-from harness import ONE_TORCH_CORE, bench, free_port, post_json, processes_with, server_env, wait_for
+from harness import ONE_TORCH_CORE, bench, free_port, kill_leftovers, post_json, processes_with, server_env, wait_for
 from harness import daemon_status as status
 
 pytestmark = pytest.mark.sglang
@@ -98,11 +98,4 @@ def test_ebctl_start_runs_daemon_and_sglang_and_ctrl_c_stops_both(sglang_venv, t
         assert not (rt / "start.toml").exists()
     finally:
         log.close()
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        for pid in processes_with(marker):  # only processes carrying our unique runtime dir
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+        kill_leftovers(proc, marker)
