@@ -122,7 +122,10 @@ class DispatchState(DispatchLife):
             self.release(now)
         if mono >= self.next_report:
             self.next_report = mono + REPORT_S
-            self.report(wall_clock())
+            now = wall_clock()
+            if core is not None and not busy:  # nothing held: read anyway, so the report's rank loads are
+                self.read(now)  # fresh (requests sglang routed itself change them too); shared memory, cheap
+            self.report(now)
         nxt = min(self.next_poll, self.next_report, self.next_read if busy else math.inf, mono + IDLE_WAIT_S)
         return max(0.0, nxt - mono)
 

@@ -252,6 +252,20 @@ def test_follow_bootstrap_room_is_never_held(monkeypatch, clock):
     assert ctl.sent == [("a", None)] and not st.holding
 
 
+def test_the_report_carries_fresh_rank_loads_while_nothing_is_held(monkeypatch, clock):
+    # a request that names its rank goes straight to sglang, so nothing is held or in flight; the rank's
+    # snapshot still reaches the next report (seen on CI: the daemon showed both ranks idle for 10 s)
+    ctl = Ctl()
+    st = armed(ctl, monkeypatch, sbs())
+    tick(st)
+    ctl.dispatching_with_trace(gen("hog", 30, rank=1))
+    ctl.load_snapshot_reader.publish(1, 999.0, running=1, used=30)
+    clock.t += 0.25
+    st.tick(1.0)  # the report is due; no read is due (nothing held)
+    rep = st.link.reports[-1]
+    assert rep.buffered == 0 and rep.rank[1].running == 1 and rep.rank[0].running == 0
+
+
 def test_the_report_carries_counters_and_each_rank(monkeypatch, clock):
     ctl = Ctl()
     st = armed(ctl, monkeypatch, sbs())
