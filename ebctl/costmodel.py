@@ -165,7 +165,7 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
     ``HOLDOUT_EVERY``-th iteration is held out and judged (:func:`judge`). Features with no spread are
     dropped; then each remaining feature is dropped while the fit without it is at most 2% worse on the
     held-out iterations (a simpler model the data support as well; least squares on relative error, fast).
-    The kept features are then fitted on absolute relative error (:func:`_nnls_l1`): the test is a median,
+    The kept features are then fitted on absolute relative error (:meth:`_Relative.l1`): the test is a median,
     and on a shared machine iteration times have heavy tails (slow periods when other work runs) that pull
     a least-squares fit off the typical iteration.
     """

@@ -375,8 +375,6 @@ def eb_check(reports: list[IterationReport], *, k: int, n_max: int) -> dict:
     return out
 
 
-__all__ = ["BURST", "EB_K4_N8", "ONE_TORCH_CORE", "TP_TORCH_CORES", "Daemon", "Rig", "Server", "Tap", "bench",
-           "check_accounting", "eb_check", "engine_config", "free_port", "post_json", "server_env", "stop", "wait_for"]
 
 
 def processes_with(marker: str) -> dict[int, str]:
@@ -456,3 +454,8 @@ def ebctl_start(venv: Path, model: Path, work: Path, server_args: list[str], set
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+
+
+__all__ = ["BURST", "EB_K4_N8", "ONE_TORCH_CORE", "TP_TORCH_CORES", "Daemon", "Rig", "Server", "Tap", "bench",
+           "check_accounting", "daemon_status", "eb_check", "ebctl_start", "engine_config", "free_port",
+           "kill_leftovers", "post_json", "processes_with", "server_env", "stop", "wait_for"]
