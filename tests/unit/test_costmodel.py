@@ -266,3 +266,41 @@ def test_reduced_solvers_match_nnls_on_the_rows(seed):
     assert _nnls_gram(twin.T @ twin, twin.T @ b) is None  # refused: the caller goes to the rows
     ref_obj = np.linalg.norm(twin @ nnls(twin, b)[0] - b)
     assert np.linalg.norm(twin @ _nnls_reduced(twin, b) - b) == pytest.approx(ref_obj, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_candidate_fits_match_nnls_on_each_candidates_rows(seed):
+    """The feature selection fits every candidate column set of a round in one batch (``_Relative.l2_many``);
+    each row must be scipy's nnls on the relative-error rows of that candidate's columns: a feasible set, one
+    whose bound binds (the batched unconstrained solve is infeasible there), and a singular one (a column
+    repeated: the batched Cholesky fails, every set is then solved alone)."""
+    from scipy.optimize import nnls
+
+    from ebctl.costmodel import _design, _Relative
+
+    rng = np.random.default_rng(seed)
+    x = rng.random((300, 5)) * [100, 3, 50, 5000, 1]
+    y = 0.01 + x @ [1e-4, 0.0, 2e-4, 1e-6, 0.0] + rng.normal(0, 1e-4, 300)
+    y -= 3e-4 * x[:, 1]  # prefill_reqs lowers the cost: its coefficient is 0 at the bound
+    y = np.abs(y) + 1e-4
+    x[:, 4] = x[:, 0]  # a twin of prefill_tokens: a set holding both has a singular aᵀa
+    rel = _Relative(x, y)
+    rows = _design(x) / y[:, None]
+    for sets in ([[0, 1, 3], [0, 3, 4], [0, 2, 3]], [[0, 1, 5], [0, 1, 2]], [[0, 1], [0, 2]]):
+        got = rel.l2_many(np.array(sets))
+        for s, coef in zip(sets, got, strict=True):
+            ref, _ = nnls(rows[:, s], np.ones(len(y)))
+            assert np.linalg.norm(rows[:, s] @ coef - 1) == pytest.approx(np.linalg.norm(rows[:, s] @ ref - 1),
+                                                                         rel=1e-7, abs=1e-12)
+
+
+def test_the_fits_median_is_numpys():
+    """The fit's own median (a bare partition) against ``np.median``: odd and even counts, rows and 1-d."""
+    from ebctl.costmodel import _median_rows
+
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 4, 399, 400):
+        v = rng.random((3, n))
+        assert np.array_equal(_median_rows(v), np.median(v, axis=-1))
+        assert _median_rows(v[0]) == np.median(v[0])
+    assert _median_rows(np.array([1.0, 9.0, 3.0, 4.0])) == 3.5  # by hand: (3 + 4) / 2
