@@ -137,7 +137,7 @@ class OnlineCosts:
 
     def refit(self, *, force: bool = False) -> None:
         """Refit the kind whose window changed most, once 1/``_REFIT_SHARE`` of it is new: one kind per call,
-        so one controller update pays for one fit at most (~2 ms at 2,000 rows). ``force`` (and the first
+        so one controller update pays for one fit at most (~1 ms at 2,000 rows). ``force`` (and the first
         call after ``set_params``): every kind with rows."""
         force, self._stale = force or self._stale, False
         def new(k: BatchKind) -> int:
