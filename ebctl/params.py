@@ -52,10 +52,10 @@ class ControllerParams:
     cost_stale_s: float = 1800.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)
     probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
     probe_share: float = 0.03  # eb+: probes take at most this share of the time
-    tune_window: int = 200  # measured: completions per window (and at least one whole EB cycle)
+    tune_window: int = 400  # measured: completions per window (and at least one whole EB cycle)
     tune_min_pairs: int = 1  # measured: window pairs before a trial may decide
     tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
-    tune_min_effect: float = 0.01  # measured: a challenger must be this much faster to replace the incumbent
+    tune_min_effect: float = 0.005  # measured: a challenger must be this much faster to replace the incumbent
     tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
     tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
     tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts

@@ -40,9 +40,15 @@ STOCK, MB = "stock", "mb"
 QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
-PRIOR_SD = 0.015  # sd of a pair's ln-ratio before a trial measured one (steady windows: 0.3-1.5% in the simulator)
+PRIOR_SD = 0.01  # sd of a pair's ln-ratio before a trial measured one (windows of 400: 0.3-0.9% in the simulator)
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
+# Windows dropped after a switch. The engine's own admission (stock, mb) carries state across a switch: under
+# EB no decode ran out of KV, so sglang's new_token_ratio has decayed to its floor, and stock then admits more
+# than it can keep until a retraction backs the ratio off. In the simulator (RTX PRO 6000, azure-conv), stock's
+# windows after EB measured +2.7% and +1.0% above its steady rate, then within 0.3%; EB's first window after
+# stock measured −0.8%, the next ones steady.
+SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 
 
@@ -92,7 +98,7 @@ class Tuner:
         self._refill = False  # an EB refill the threshold started is under way
         self._since = 0  # completions since the last cycle boundary of the running arm
         self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
-        self.settling = False  # the running arm's next window is dropped (it follows a switch)
+        self.settling = 0  # windows of the running arm still to drop (it follows a switch)
 
     # --- arms -----------------------------------------------------------------------------------------
     def theta(self, arm: str) -> float:
@@ -200,7 +206,8 @@ class Tuner:
     def _run(self, arm: str) -> None:
         """Switch to ``arm``; its first window will be dropped (the settling window)."""
         if arm != self.arm:
-            self.arm, self.settling, self.window = arm, True, None
+            self.arm, self.window = arm, None
+            self.settling = SETTLE_OWN if arm in (STOCK, MB) else SETTLE_EB
 
     def _closed(self, w: Window) -> None:
         """A window of the running arm closed: drop it (settling), file it in the trial and decide, or start a
@@ -210,7 +217,7 @@ class Tuner:
         if t is None:
             self.gap -= w.completions
         if self.settling:
-            self.settling = False
+            self.settling -= 1
             return
         if t is None:
             if self.saturated and self.gap <= 0 and self.steady:

@@ -61,14 +61,10 @@ def job(profile: str, cost_model: str, workload: str, conc: int, spec: str, requ
     res = runner.run(wl, src, cm, cfg, concurrency=conc, keep_engine=True)
     req = res.pop("_engine").req.arrays()
     n = len(wl)
-    fin = np.sort(req["finish"])
-    lo, hi = n // 4, (n - conc if not wl.phases else n) - 1
-    t0, t1 = fin[lo], fin[max(hi, lo + 1)]
-    sel = (req["finish"] > t0) & (req["finish"] <= t1)
     tokens = req["input_len"] + req["output_len"]
     out = {"profile": profile, "cm": cost_model, "workload": workload, "conc": conc, "policy": spec,
-           "steady": float(tokens[sel].sum() / (t1 - t0)), "ttft": res["ttft_s"], "total": res["total_tok_per_s"],
-           "phases": _phases(wl, req, tokens)}
+           "steady": steady_rate(req["finish"], tokens, n // 4, (n - conc if not wl.phases else n) - 1),
+           "ttft": res["ttft_s"], "total": res["total_tok_per_s"], "phases": _phases(wl, req, tokens)}
     ctl = getattr(src, "controller", None)
     if ctl is not None:
         st = ctl.status()
@@ -76,6 +72,17 @@ def job(profile: str, cost_model: str, workload: str, conc: int, spec: str, requ
         out["probes"] = st["probes"]
         out["final"] = {"mode": str(ctl.policy.mode), "k": ctl.policy.k, "n": ctl.policy.n_max}
     return out
+
+
+def steady_rate(finish: np.ndarray, tokens: np.ndarray, lo: int, hi: int) -> float:
+    """Tokens/s of the requests that finished from the ``lo``-th to the ``hi``-th completion: the least-squares
+    slope of their cumulative tokens against their finish times. Not (tokens between two completions) / (time
+    between them): under EB completions come in bursts one cycle apart, and where the two ends fall in their
+    cycles moves that ratio by up to a refill's length over the span (on H200 prefill-heavy at θ = 0.6,
+    20,000 requests: 30,951 against 30,326 with 60,000; the slope gives 30,408 with both)."""
+    order = np.argsort(finish, kind="stable")
+    f, tok = finish[order][lo:hi + 1], tokens[order][lo:hi + 1]
+    return float(np.polyfit(f, np.cumsum(tok), 1)[0])
 
 
 def _phases(wl: workloads.Workload, req: dict, tokens: np.ndarray) -> list[float]:

@@ -30,8 +30,8 @@ def _run(profile: str, cost_model: str, workload: str, spec: str, n: int, conc: 
 @pytest.mark.slow
 def test_default_leaves_stock_for_eb_where_eb_is_faster():
     """RTX PRO 6000, fitted costs, balanced mix: EB(θ ≥ 0.3) runs about 10% above stock."""
-    v0, _, _ = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "v0", 10000, 2048)
-    d, _, ctl = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "default", 10000, 2048)
+    v0, _, _ = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "v0", 20000, 2048)
+    d, _, ctl = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "default", 20000, 2048)
     tu = ctl.status()["tuner"]
     assert tu["incumbent"].startswith("eb@") and tu["won"] >= 1, tu["history"]
     assert d > 1.04 * v0, (d, v0)
@@ -40,9 +40,9 @@ def test_default_leaves_stock_for_eb_where_eb_is_faster():
 @pytest.mark.slow
 def test_default_finds_mb_where_mixing_is_faster():
     """H200 under the paper's linear model, balanced mix: mb runs about 1.5% above stock and EB."""
-    mb, _, _ = _run("qwen3-8b/h200", "linear", "balanced", "mb", 10000, 2048)
-    v0, _, _ = _run("qwen3-8b/h200", "linear", "balanced", "v0", 10000, 2048)
-    _, _, ctl = _run("qwen3-8b/h200", "linear", "balanced", "default", 10000, 2048)
+    mb, _, _ = _run("qwen3-8b/h200", "linear", "balanced", "mb", 20000, 2048)
+    v0, _, _ = _run("qwen3-8b/h200", "linear", "balanced", "v0", 20000, 2048)
+    _, _, ctl = _run("qwen3-8b/h200", "linear", "balanced", "default", 20000, 2048)
     assert mb > 1.01 * v0  # the premise
     assert ctl.status()["tuner"]["incumbent"] == "mb", ctl.status()["tuner"]["history"]
 

@@ -76,9 +76,10 @@ class Engine:
     """Publishes what the tuner asks for and runs cycles of one prefill (K prompts of 100 tokens) and K decode
     steps of about N rows (one request finishing per step), each step's time divided by the arm's speed."""
 
-    def __init__(self, tuner: Tuner, speed, *, waiting=50, first_window_boost=1.0):
+    def __init__(self, tuner: Tuner, speed, *, waiting=50, first_window_boost=1.0, stock_boost=1.0):
         self.t, self.speed, self.waiting = tuner, speed, waiting
         self.now, self.version, self.arm, self.boost = 0.0, 0, None, first_window_boost
+        self.stock_boost = stock_boost  # stock's speed-up over its first 100 completions after a switch
         self.since_switch = 0
 
     def publish(self):
@@ -91,6 +92,7 @@ class Engine:
     def cycle(self):
         self.publish()
         s = self.speed(self.arm) * (self.boost if self.since_switch < 50 and self.arm != STOCK else 1.0)
+        s *= self.stock_boost if self.since_switch < 100 and self.arm == STOCK and self.version > 1 else 1.0
         steps = [(BatchKind.PREFILL, dict(prefill=100 * K))] + [
             (BatchKind.DECODE, dict(decode=N - i, finished=1)) for i in range(K)]
         for kind, kw in steps:
@@ -136,6 +138,17 @@ def test_stock_stays_when_nothing_beats_it_and_the_first_window_after_a_switch_i
     eng.run(3000)
     assert t.incumbent == STOCK and t.counts["won"] == 0 and t.counts["lost"] >= 3
     assert all(h["effect"] < 0 for h in t.history if h["decision"] == "lose")
+
+
+def test_stock_drops_two_windows_after_a_switch():
+    """The engine's own admission carries state across a switch (sglang's new_token_ratio, decayed under EB):
+    here stock runs 6% faster over its first two windows after one, then at its speed, 3% below every EB arm.
+    Dropping one window would leave a +6% stock window in each pair, and EB (+3%) would lose; two are dropped."""
+    t = Tuner(TunerParams(window=50))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11)
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.03, stock_boost=1.06)
+    eng.run(1500)
+    assert t.incumbent.startswith("eb@") and t.history[0]["decision"] == "win", t.history
 
 
 def test_no_trial_below_saturation_or_while_warming_up():
