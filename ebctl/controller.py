@@ -29,6 +29,7 @@ __all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMo
 COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
+WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (eb+ probes only when saturated)
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
@@ -46,6 +47,7 @@ class Controller(Steering):
         self.window = LengthWindow(params.window)
         self.n_obs = Ema(params.n_obs_alpha)
         self.decode_step_s = Ema(DECODE_STEP_ALPHA)  # measured seconds per decode iteration
+        self.waiting_share = Ema(WAITING_ALPHA)  # share of recent non-idle iterations with requests waiting
         self.gate_reasons: dict[str, int] = {}  # the engine's gate decisions by reason (cumulative, as reported)
         self.group_size = 1
         self.mixed_reason = ""
@@ -119,6 +121,8 @@ class Controller(Steering):
             self.gate_reasons = r.gate_reasons
         if r.kind is BatchKind.DECODE and r.forward_s > 0:
             self.decode_step_s.update(r.forward_s)
+        if r.kind is not BatchKind.IDLE:
+            self.waiting_share.update(1.0 if r.waiting > 0 else 0.0)
         self.online_costs.observe(r)
         if self.measured:
             self.tuner.observe(r)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ebctl.protocol import BatchKind, Mode
+from ebctl.trial import SATURATED_SHARE
 from ebctl.tuner import MB, STOCK
 
 if TYPE_CHECKING:
@@ -63,13 +64,18 @@ class Steering:
         fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown
         or a tuner trial, and only once the engine's timings are being learned at all (the other fits passed).
         The stock engine (the tuner's first arm) may need either: a server launched with mixed chunks mixes
-        every prefill into the decode batch and runs few prefill-only iterations."""
+        every prefill into the decode batch and runs few prefill-only iterations. A probe starts only while
+        the engine is saturated (requests waited in ≥ 90% of the recent iterations, ``SATURATED_SHARE``): below
+        saturation the mode does not change throughput, and a probe would only cost latency (an mb probe at
+        c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%)."""
         p = self.params
         if p.mode != "eb+" or not p.cost_online or (self.measured and self.tuner.trial is not None):
             self.probe.stop(now)
             return None
         oc, stale = self.online_costs, p.cost_stale_s
         need, target = "", None
+        if not self.waiting_share.value >= SATURATED_SHARE:  # NaN (nothing seen yet) included
+            return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end
         if running is not Mode.MB and not self.mixed_unavailable and oc.passed(BatchKind.DECODE):
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
         if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):

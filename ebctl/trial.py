@@ -11,8 +11,9 @@ with τ_p and τ_d the wall seconds per prefill and per decode token the window 
 time split between its prefill tokens and decode rows by their numbers). In a steady state this is the
 engine's total token throughput; unlike tokens over time it does not move when a window holds more or less
 prefill than the steady mix (a burst of admissions after a switch, a cohort of young requests that finishes
-late): in the simulator stock's windows of 200 completions vary by 0.3-1.5% this way, against 2-5% for
-processed tokens over time, and counting finished requests' tokens (heavy-tailed lengths) is noisier still.
+late): in the simulator stock's windows of 200 completions vary by 0.3-1.5% this way (400: 0.1-0.6%), against
+2-5% for processed tokens over time, and counting finished requests' tokens (heavy-tailed lengths) is noisier
+still.
 A window counts only when saturated: requests waited on ≥ 90% of its time and, under EB, more than N were in
 the engine (the gate's own deferral is not load).
 

@@ -15,9 +15,11 @@ trial: neither has cycles), then the closed forms (θ0 + Δθ, then θ0: the pri
 re-checks its neighbours and stock in turn after ``recheck`` completions, then twice as long each time.
 
 Trials run only while the engine is saturated, so below saturation θ does not move. After every switch of arm
-one window is run and dropped: the batch the previous arm left (its size, its requests' ages) takes about one
-window to wash out (in the simulator the first window after a switch measured 2-9% off, the next ones within
-1%). The iterations between a switch and the new arm's first cycle belong to neither arm.
+windows are run and dropped: one for an EB arm, two for stock and mb (``SETTLE_EB``, ``SETTLE_OWN``). The batch
+the previous arm left (its size, its requests' ages) takes about one window to wash out; the engine's own
+admission state takes longer (sglang's new_token_ratio, decayed to its floor under EB, lets stock admit more
+than it can keep until a retraction backs it off). The iterations between a switch and the new arm's first
+cycle belong to neither arm.
 
 **Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
 dropped, the search starts again from the incumbent with its largest step.
@@ -40,7 +42,9 @@ STOCK, MB = "stock", "mb"
 QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
-PRIOR_SD = 0.01  # sd of a pair's ln-ratio before a trial measured one (windows of 400: 0.3-0.9% in the simulator)
+# sd of a pair's ln-ratio before a trial measured one (windows of 400 vary by 0.1-0.6% in the simulator: a pair's
+# B − mean of two A by 0.1-0.7%)
+PRIOR_SD = 0.01
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
 # Windows dropped after a switch. The engine's own admission (stock, mb) carries state across a switch: under

@@ -33,10 +33,10 @@ def test_probe_lasts_probe_s_and_keeps_to_its_share():
     assert ModeProbe(probe_s=0.0).decide(0.0, Mode.MB, "mixed", False) is None
 
 
-def _it(kind, t, *, prefill=0, decode=0, forward=0.01, finished=()):
+def _it(kind, t, *, prefill=0, decode=0, forward=0.01, finished=(), waiting=5):
     return IterationReport(engine_id="e", seq=0, wall_time=t, forward_s=forward, kind=kind, prefill_tokens=prefill,
                            prefill_reqs=1 if prefill else 0, decode_reqs=decode, decode_ctx_tokens=decode * 100,
-                           running=decode, waiting=5, finished=finished)
+                           running=decode, waiting=waiting, finished=finished)
 
 
 def test_costfit_says_when_a_fit_is_missing_or_stale():
@@ -51,8 +51,9 @@ def test_costfit_says_when_a_fit_is_missing_or_stale():
     assert oc.missing(BatchKind.MIXED, 100.0, 600.0).startswith("mixed fit missing (0 iterations < 20")
 
 
-def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE):
-    """Saturated EB-like traffic: decode steps with one completion each, a prefill every 10, timed."""
+def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE, waiting=5):
+    """EB-like traffic, saturated unless ``waiting`` is 0: decode steps with one completion each, a prefill every
+    10, timed."""
     rng = np.random.default_rng(1)
     t, pol = t0, ctl.policy
     for i in range(steps):
@@ -60,9 +61,9 @@ def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE):
         if i % 10 == 0:
             tok = int(rng.integers(500, 4000))
             t += 0.002 + 2e-5 * tok
-            ctl.observe(_it(BatchKind.PREFILL, t, prefill=tok, forward=0.002 + 2e-5 * tok))
+            ctl.observe(_it(BatchKind.PREFILL, t, prefill=tok, forward=0.002 + 2e-5 * tok, waiting=waiting))
         t += 0.01 + 1e-4 * n
-        ctl.observe(_it(kind, t, decode=n, forward=0.01 + 1e-4 * n,
+        ctl.observe(_it(kind, t, decode=n, forward=0.01 + 1e-4 * n, waiting=waiting,
                         finished=(FinishedRequest(300, int(rng.geometric(0.01))),)))
         pol = ctl.update(t)
     return pol, t
@@ -90,6 +91,17 @@ def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
     cooling.updates_since_switch = 0  # a switch just happened
     _drive(cooling, 0.0, 400)
     assert plain.probe.count == 0 and cooling.probe.count == 0
+    # nor below saturation (nobody waits): the same traffic with an empty queue; then one iteration in ten
+    # with a queue (under the 90% a probe needs), then a queue on every one
+    idle = Controller(prm)
+    _, t = _drive(idle, 0.0, 400, waiting=0)
+    assert idle.online_costs.passed(BatchKind.DECODE) and not idle.online_costs.passed(BatchKind.MIXED)
+    assert idle.probe.count == 0 and idle.waiting_share.value == 0.0
+    for i in range(400):
+        idle.observe(_it(BatchKind.DECODE, t + 0.02 * i, decode=100, forward=0.02, waiting=5 if i % 10 == 0 else 0))
+    assert idle.update(t + 8.0).mode is not Mode.MB and idle.probe.count == 0
+    _, t = _drive(idle, t + 8.0, 400)
+    assert idle.probe.count >= 1 and idle.waiting_share.value > 0.9
 
 
 def test_measured_starts_at_stock_and_binds_each_policy_version_to_its_arm():
