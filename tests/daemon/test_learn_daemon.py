@@ -21,10 +21,10 @@ def test_status_and_metrics_show_the_tuner_and_the_probes(fast_cfg):
         if s % 4 == 0:
             tok = int(rng.integers(200, 4000))
             r = report("dp0", s, kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok, prefill_reqs=1,
-                       forward_s=(2e-3 + 3e-5 * tok) * rng.normal(1, 0.01))
+                       forward_s=(2e-3 + 3e-5 * tok) * rng.normal(1, 0.01), waiting=8)
         else:
             n = int(rng.integers(8, 200))
-            r = report("dp0", s, finished(rng, 50.0, 1), decode_reqs=n,
+            r = report("dp0", s, finished(rng, 50.0, 1), decode_reqs=n, waiting=8,  # saturated: probes may run
                        forward_s=(9e-3 + 5e-5 * n) * rng.normal(1, 0.01))
         d.ingest(encode(r), time.time(), time.monotonic())
     rep = d.handle_control([encode(ControlRequest(op="status"))], time.time())
