@@ -239,6 +239,8 @@ class Controller(Steering):
         else:
             mode, theta, n, k, kv = fit.mode, fit.theta, fit.n, fit.k, fit.kv
         if probe is not None:
+            if arm and self._published[1] is None:
+                self.tuner.interrupt()
             reasons.append(f"probe: {probe} for the {self.probe.last_kind} cost fit")
             if probe is Mode.EB and mode is not Mode.EB:
                 theta, n, k, kv = fit.theta, fit.n, fit.k, fit.kv

@@ -61,18 +61,22 @@ class Steering:
 
     def _probe(self: Controller, now: float, running: Mode) -> Mode | None:
         """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``): mb for the mixed
-        fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown
-        or a tuner trial, and only once the engine's timings are being learned at all (the other fits passed).
+        fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown,
+        and only once the engine's timings are being learned at all (the other fits passed). During a tuner
+        trial only for a fit that has not passed (the trial pauses, ``Tuner.interrupt``; a stale fit waits for
+        the trial's end): trials can outlast the load on a slow server (a CPU server's windows of 400
+        completions take 17 s each), and a fit that never passed keeps the closed forms on the default costs.
         The stock engine (the tuner's first arm) may need either: a server launched with mixed chunks mixes
         every prefill into the decode batch and runs few prefill-only iterations. A probe starts only while
         the engine is saturated (requests waited in ≥ 90% of the recent iterations, ``SATURATED_SHARE``): below
         saturation the mode does not change throughput, and a probe would only cost latency (an mb probe at
         c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%)."""
         p = self.params
-        if p.mode != "eb+" or not p.cost_online or (self.measured and self.tuner.trial is not None):
+        if p.mode != "eb+" or not p.cost_online:
             self.probe.stop(now)
             return None
-        oc, stale = self.online_costs, p.cost_stale_s
+        oc, trial = self.online_costs, self.measured and self.tuner.trial is not None
+        stale = math.inf if trial else p.cost_stale_s  # in a trial: a fit that never passed only
         need, target = "", None
         if not self.waiting_share.value >= SATURATED_SHARE:  # NaN (nothing seen yet) included
             return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end

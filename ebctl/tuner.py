@@ -213,6 +213,13 @@ class Tuner:
             self.arm, self.window = arm, None
             self.settling = SETTLE_OWN if arm in (STOCK, MB) else SETTLE_EB
 
+    def interrupt(self) -> None:
+        """Another mode runs for a moment (an eb+ probe, ``ebctl.probe``): the window in progress is lost, and
+        once the arm resumes its first windows are dropped as after a switch (the probe leaves its batch and,
+        after EB, sglang's decayed new_token_ratio behind). A trial in progress goes on after it."""
+        self.window, self._since = None, 0
+        self.settling = max(self.settling, SETTLE_OWN if self.arm in (STOCK, MB) else SETTLE_EB)
+
     def _closed(self, w: Window) -> None:
         """A window of the running arm closed: drop it (settling), file it in the trial and decide, or start a
         trial."""

@@ -120,3 +120,60 @@ def test_measured_starts_at_stock_and_binds_each_policy_version_to_its_arm():
     assert pol2.version == pol.version + 1 and pol2.mode is Mode.EB
     assert ctl.tuner._versions[pol2.version].arm == "eb@4" and pol2.k == int(0.4 * pol2.n_max)
     assert pol2.estimates.theta_star == pytest.approx(0.4)
+
+
+def _drive_mixed(ctl, t0, steps):
+    """A stock server with mixed chunks, saturated: every prompt is mixed into the decode batch, so no
+    prefill-only iteration runs; a mixed step every 5, decode steps with one completion each."""
+    rng = np.random.default_rng(2)
+    t = t0
+    for i in range(steps):
+        n = int(rng.integers(50, 200))
+        if i % 5 == 0:
+            tok = int(rng.integers(100, 1000))
+            f = 0.01 + 1e-4 * n + 2e-5 * tok
+            t += f
+            ctl.observe(IterationReport(engine_id="e", seq=0, wall_time=t, forward_s=f, kind=BatchKind.MIXED,
+                                        prefill_tokens=tok, prefill_reqs=2, decode_reqs=n, decode_ctx_tokens=n * 100,
+                                        running=n, waiting=5))
+        t += 0.01 + 1e-4 * n
+        ctl.observe(_it(BatchKind.DECODE, t, decode=n, forward=0.01 + 1e-4 * n,
+                        finished=(FinishedRequest(300, int(rng.geometric(0.01))),)))
+        ctl.update(t)
+    return t
+
+
+def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
+    """The real CPU server's case (README, learn_real): under stock with mixed chunks only an EB probe feeds
+    the prefill fit, and the tuner's first trial can outlast the load. A missing fit is probed in the trial,
+    which pauses (its window in progress dropped, the arm settles again) and goes on; a stale fit waits."""
+    prm = ControllerParams(mode="eb+", theta_method="measured", update_every=20, min_window=10, probe_s=2.0,
+                           probe_share=0.05, mode_cooldown=0, cost_stale_s=60.0)
+    ctl = Controller(prm)
+    t = _drive_mixed(ctl, 0.0, 400)
+    oc = ctl.online_costs
+    assert oc.passed(BatchKind.DECODE) and oc.passed(BatchKind.MIXED) and not oc.passed(BatchKind.PREFILL)
+    ctl.probe = ModeProbe(2.0, 0.05)  # whatever probed so far: a fresh budget
+    ctl.tuner.trial, ctl.tuner.settling = None, 0
+    ctl.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
+    trial = ctl.tuner.trial
+    assert trial is not None and trial.challenger == "mb"
+    pol = ctl.update(t + 0.01)
+    assert pol.mode is Mode.EB and "probe: eb for the prefill cost fit" in pol.reason
+    assert ctl.tuner.trial is trial and ctl.tuner.window is None and ctl.tuner.settling == 2  # stock: 2
+    # the trial's arm again: its first window, A0, is the incumbent's (stock)
+    assert ctl.update(t + 2.5).mode is Mode.OFF and ctl.tuner.arm == "stock" and ctl.tuner.trial is trial
+    # stale fits (passed, their last iteration long ago) are not probed while a trial runs, and are after it
+    stale = Controller(prm)
+    t = _drive(stale, 0.0, 400)[1]
+    t = _drive_mixed(stale, t, 400)
+    stale.online_costs.refit(force=True)
+    assert all(stale.online_costs.passed(k) for k in (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED))
+    t += 61.0
+    assert stale.online_costs.missing(BatchKind.PREFILL, t, 60.0).startswith("prefill fit stale")
+    stale.probe = ModeProbe(2.0, 0.05)
+    stale.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
+    assert stale.update(t).mode is not Mode.EB and stale.probe.count == 0
+    stale.tuner._end_trial("aborted", "test")
+    pol = stale.update(t + 0.01)  # every fit is stale by now; the mixed one is probed first
+    assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
