@@ -129,6 +129,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "theta_max": Spec(float, "upper clip of θ*", 1e-4, 0.999),
     "eps": Spec(float, "allowed OOM probability ε of Eq. 6", 1e-12, 0.5),
     "n_bound": Spec(str, "batch-size bound of appendix D.5", choices=("probabilistic", "expected", "static")),
+    "n_variance": Spec(str, "Eq. 6's margin v̄: measured = from the window's input and output variances, "
+                            "geometric = the paper's 1/(p0²μ_L)", choices=("measured", "geometric")),
     "n_max_limit": Spec(int, "cap on N*; 0: the engine's own max running requests as reported", 0, 1_000_000),
     "n_floor_frac": Spec(float, "N* never below this share of n_max_limit", 0.0, 1.0),
     "n_min_interval_s": Spec(float, "minimum time between two changes of N (s)", 0.0, 3600),

@@ -68,6 +68,7 @@ class Controller(Steering):
         self.fit: Fit | None = None
         self.theta_star = params.theta_default
         self.n_star = self.n_limit
+        self.vbar: float | None = None  # Eq. 6's v̄ from the window's variances (n_variance = "measured")
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
         self.updates_since_switch = params.mode_cooldown + 1  # no switch yet: nothing is cooling down
@@ -194,6 +195,11 @@ class Controller(Steering):
         self.hazard = hz
         mu_l = float(self.window.inputs().mean())
         mu_o = hz.mu_o
+        if p.n_variance == "measured":
+            ins, outs = self.window.inputs(), self.window.outputs()
+            self.vbar = model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
+        else:
+            self.vbar = None
         p0 = hz.p0 if hz.p0 > 0 else 1.0 / max(mu_o, 1.0)
         p0 = min(p0, 1.0)
         reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
@@ -273,7 +279,7 @@ class Controller(Steering):
         limit = self.n_limit
         floor = max(1, math.ceil(p.n_floor_frac * limit))
         cap = p.kv_capacity_tokens or self.kv_total
-        target = limit if cap <= 0 else model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
+        target = limit if cap <= 0 else model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound, vbar_=self.vbar)
         return min(max(target, floor), limit)
 
     def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
@@ -284,7 +290,7 @@ class Controller(Steering):
             reasons.append("KV capacity unknown: N = engine limit")
         else:
             floor = max(1, math.ceil(p.n_floor_frac * self.n_limit))
-            raw = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound)
+            raw = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound, vbar_=self.vbar)
             if raw < floor:
                 reasons.append(f"N*={raw} below floor {floor}")
         target = self._eq6(theta, p0, mu_l)

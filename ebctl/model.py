@@ -96,12 +96,33 @@ def vbar(p0: float, mu_l: float) -> float:
     return 1.0 / (p0 * p0 * mu_l)
 
 
+def vbar_moments(mu_l: float, var_l: float, mu_o: float, var_o: float) -> float:
+    """Appendix D.3-D.4's v̄ = v_N/(2|d_N|) for any output distribution with mean μ_O and variance σ_O².
+
+    D.3 prices one decode step of n requests with completions Bernoulli(p0) (geometric outputs). Without that
+    assumption a slot's completions form a renewal process of rate q = 1/μ_O whose count per step has variance
+    σ_O²/μ_O³ (the renewal CLT), and a completion releases S = L + O with Var(S) = σ_L² + σ_O². So
+    d_n = −n·q·μ_L (as in D.3), v_n = n·q·(σ_L² + σ_O²) + n·(σ_O²/μ_O³)·(μ_L + μ_O)², and
+
+        v̄ = (σ_L² + σ_O² + σ_O²·(1 + μ_L/μ_O)²) / (2 μ_L).
+
+    Geometric outputs (σ_O² ≈ μ_O² = 1/p0²) with μ_L ≪ μ_O give D.4's 1/(p0²μ_L) back; outputs piled at a cap
+    (σ_O ≪ μ_O) give far less: the completions of a batch whose outputs are nearly fixed are nearly fixed too.
+    Like D.3 this takes a completion's size as independent of how many complete; on a simulated walk they are
+    not (a slot's released output tokens over a span are the span less the ages at its ends), and the walk's
+    own variance rate comes out lower still (tests/unit/test_model.py): the margin stays conservative."""
+    if not (mu_l > 0 and mu_o > 0):
+        return math.inf
+    return (var_l + var_o + var_o * (1.0 + mu_l / mu_o) ** 2) / (2.0 * mu_l)
+
+
 def n_star(capacity_tokens: float, eps: float, theta: float, p0: float, mu_l: float,
-           bound: str = "probabilistic") -> int:
+           bound: str = "probabilistic", vbar_: float | None = None) -> int:
     """Eq. 6 and appendix D.5: the largest memory-safe batch size N*.
 
     N* = ⌊ (C − x) / (μ_L + (1−θ)/(θ p0) · ln(1/(1−θ))) ⌋ with x = v̄·ln(1/ε) ("probabilistic", Eq. 6:
-    P(OOM) ≤ ε), x = v̄ ("expected": expected peak) or x = 0 ("static"); v̄ = 1/(p0² μ_L). Never < 0.
+    P(OOM) ≤ ε), x = v̄ ("expected": expected peak) or x = 0 ("static"); v̄ = 1/(p0² μ_L), or ``vbar_`` when
+    given (:func:`vbar_moments`, from the measured variances). Never < 0.
     D.5's ordering N* ≤ N*_expected ≤ N*_static holds for ε ≤ 1/e.
     """
     _check("capacity_tokens", capacity_tokens)
@@ -109,10 +130,11 @@ def n_star(capacity_tokens: float, eps: float, theta: float, p0: float, mu_l: fl
     _check("theta", theta, lo_open=True, hi=1.0 - 1e-15)
     _check("p0", p0, lo_open=True, hi=1.0)
     _check("mu_l", mu_l)
+    v = vbar_ if vbar_ is not None else vbar(p0, mu_l) if mu_l > 0 else math.inf
     if bound == "probabilistic":
-        margin = vbar(p0, mu_l) * math.log(1.0 / eps) if mu_l > 0 else math.inf
+        margin = v * math.log(1.0 / eps)
     elif bound == "expected":
-        margin = vbar(p0, mu_l) if mu_l > 0 else math.inf
+        margin = v
     elif bound == "static":
         margin = 0.0
     else:

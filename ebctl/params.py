@@ -30,6 +30,9 @@ class ControllerParams:
     theta_max: float = 0.80
     eps: float = 0.01  # allowed OOM probability (Eq. 6)
     n_bound: Literal["probabilistic", "expected", "static"] = "probabilistic"
+    # Eq. 6's margin v̄: "measured" from the window's input and output variances (model.vbar_moments), or the
+    # paper's "geometric" 1/(p0²μ_L)
+    n_variance: Literal["measured", "geometric"] = "measured"
     n_max_limit: int = 0  # cap on N̂*; 0: the engine's own max running requests (reported), else 256
     n_floor_frac: float = 0.1  # N̂* ≥ this share of n_max_limit
     n_min_interval_s: float = 2.0  # N changes at most this often

@@ -112,6 +112,8 @@ def main() -> None:
         for w, wl in paperfit.TABLE2.items():
             b, n = paperdata.BEST_CONFIG[gpu][w]["eb"]
             t2[(gpu, w)] = (gpu, wl, "eb-auto", n, b, paperfit.TABLE2_REQUESTS, _o(loo[(gpu, w)]))
+            b1, n1 = paperdata.BEST_CONFIG[gpu][w]["v1"]  # v1's preemptions, beside the controller's
+            t2[(gpu, w, "v1")] = (gpu, wl, "mb", n1, b1, paperfit.TABLE2_REQUESTS, _o(loo[(gpu, w)]))
     b13, n13 = T13_CONFIG
     t13 = {(name, th): (RTX, wl, "eb-auto" if th is None else f"eb-auto:theta={th}", n13, b13, 3000, _o(full[RTX]))
            for name, wl in T13_WORKLOADS.items() for th in (*T13_THETAS, None)}
@@ -157,7 +159,8 @@ def main() -> None:
             tp = paperdata.TPOT_MS.get(gpu, {}).get(w, {}).get("eb")
             print(f"| {gpu} | {w} | {row['v0']:.2f} / {row['v1']:.2f} / {row['eb']:.2f} | {v0:.2f} / {v1:.2f} / "
                   f"{auto['req_per_s']:.2f} | {paper:+.1f}% | {pct['controller']:+.1f}% (k̂* {auto['k']}, N̂* "
-                  f"{auto['n_max']}) | {pct['fixed']:+.1f}% ({key[2].split('=')[1]}, {key[3]}) | "
+                  f"{auto['n_max']}, {auto['preemptions']} preempted, v1 {sims[t2[(gpu, w, 'v1')]]['preemptions']}) | "
+                  f"{pct['fixed']:+.1f}% ({key[2].split('=')[1]}, {key[3]}) | "
                   f"{f'{tp:.1f}' if tp else '–'} / {auto['tpot_ms']:.1f} |")
 
     hard = "eb/v1 ShareGPT"

@@ -61,7 +61,8 @@ def test_cold_start_is_stock_until_min_window():
 def test_converges_to_theta0_and_eq6_on_a_geometric_stream():
     rng = np.random.default_rng(1)
     p_true, mu_l, cap = 0.01, 300, 400_000
-    prm = ControllerParams(theta_method="cfr", window=2000, update_every=100, n_max_limit=4096, n_min_interval_s=0)
+    prm = ControllerParams(theta_method="cfr", window=2000, update_every=100, n_max_limit=4096, n_min_interval_s=0,
+                           n_variance="geometric")  # Eq. 6 as the paper writes it (the margin from p0)
     ctl = Controller(prm)
     pol, _ = feed(ctl, geometric(rng, p_true, 6000), np.full(6000, mu_l))
     want_theta = model.theta0(p_true * C.alpha_p / C.alpha_d)
@@ -337,3 +338,30 @@ def test_eb_plus_on_an_engine_that_cannot_mix_does_not_wait_for_a_mixed_fit():
                                         decode_reqs=0 if prefill else n, mixed_unavailable=unavailable))
         ctl.online_costs.refit(force=True)
         assert ctl.cost_choice().source == expected, ctl.cost_choice().reason
+
+
+def test_eq6_margin_from_the_measured_variance():
+    """NuminaMath-like outputs, piled at a 4,000-token cap (90%; the rest uniform 800-4,000): the geometric
+    margin 1/(p0²μ_L)·ln(1/ε) ≈ 3,840²/120·4.6 ≈ 565k tokens exceeds a 500k cache, so Eq. 6 falls to its floor
+    (the paper's sim_vs_paper Table 2 collapse); the measured variance (σ_O ≈ 560) gives a margin of about
+    12k, and N* ≥ (500k − 12k)/(μ_L + 1/p0) ≈ 488k/3,970 = 123 (Eq. 6's decode term (1−θ)ζ(θ)/(θp0) is at
+    most 1/p0). Geometric outputs with μ_L ≪ μ_O: both margins are the same v̄ (model.vbar_moments), so both
+    N* agree."""
+    rng = np.random.default_rng(5)
+    capped = np.where(rng.random(2000) < 0.9, 4000, rng.integers(800, 4001, 2000))
+    inputs = rng.integers(60, 181, 2000)
+    ns = {}
+    for var in ("measured", "geometric"):
+        prm = ControllerParams(update_every=50, window=2000, n_max_limit=1000, n_floor_frac=0.1,
+                               n_min_interval_s=0.0, kv_capacity_tokens=500_000, n_variance=var)
+        ns[var], _ = feed(Controller(prm), capped, inputs)
+    assert ns["geometric"].n_max == 100 and "below floor" in ns["geometric"].reason
+    assert ns["measured"].n_max >= 120 and "below floor" not in ns["measured"].reason
+    geo = geometric(rng, 0.001, 2000)
+    short = rng.integers(30, 71, 2000)
+    same = {}
+    for var in ("measured", "geometric"):
+        prm = ControllerParams(update_every=50, window=2000, n_max_limit=10_000, n_floor_frac=0.01,
+                               n_min_interval_s=0.0, kv_capacity_tokens=2_000_000, n_variance=var)
+        same[var], _ = feed(Controller(prm), geo, short)
+    assert same["measured"].n_max == pytest.approx(same["geometric"].n_max, rel=0.1)

@@ -105,6 +105,51 @@ def test_n_star_hand_computed():
         model.n_star(1e5, 0.0, 0.1, 0.01, 100)
 
 
+def test_vbar_from_moments_hand_computed_and_the_papers_for_geometric_outputs():
+    # μ_L = 20, σ_L² = 36, μ_O = 50, σ_O² = 10: (36 + 10 + 10·1.4²)/40 = 65.6/40 = 1.64
+    assert model.vbar_moments(20.0, 36.0, 50.0, 10.0) == pytest.approx(1.64)
+    # geometric outputs (σ_O² = (1−p)/p²) and μ_L ≪ μ_O: D.4's 1/(p²μ_L)
+    p = 1e-4
+    assert model.vbar_moments(1.0, 0.0, 1 / p, (1 - p) / p**2) == pytest.approx(model.vbar(p, 1.0), rel=1e-3)
+    assert model.vbar_moments(0.0, 0.0, 100.0, 1.0) == math.inf
+    # Eq. 6 with it: C = 1e5, ε = 0.01, θ = 0.1, p0 = 0.01, μ_L = 100, v̄ = 10 instead of 100:
+    # (1e5 − 46.05170186)/194.8244644 = 513.04
+    assert model.n_star(1e5, 0.01, 0.1, 0.01, 100, vbar_=10.0) == 513
+
+
+def _walk_vbar(draw_o, n=64, blocks=400, block=10_000, seed=0):
+    """v/(2|d|) of D.4 measured on the memory walk itself: n slots each serving requests back to back (inputs
+    uniform 10..30, outputs ``draw_o``); per step every slot adds a token and a completion releases L + O; the
+    drift d and the long-run variance rate v are taken over blocks of ``block`` steps."""
+    rng = np.random.default_rng(seed)
+    steps = blocks * block
+    sums = np.full(blocks, float(n * block))
+    for _ in range(n):
+        o = draw_o(rng, steps // 20 + 100)
+        lengths = rng.integers(10, 31, len(o)).astype(float)
+        done = np.cumsum(o) - rng.uniform(0, o[0])  # a stationary start: the clock starts within a request
+        keep = (done > 0) & (done <= steps)
+        sums -= np.bincount((done[keep] // block).astype(int), weights=(lengths + o)[keep], minlength=blocks)[:blocks]
+    return sums.var() / block / (2 * abs(sums.mean() / block))
+
+
+@pytest.mark.parametrize("name, draw_o", [
+    ("geometric", lambda r, m: r.geometric(0.02, m).astype(float)),
+    ("near-fixed", lambda r, m: r.integers(45, 56, m).astype(float)),
+    ("heavy-tailed", lambda r, m: np.maximum(np.round(r.gamma(0.5, 100.0, m)), 1.0)),
+])
+def test_vbar_from_moments_is_conservative_against_a_simulated_memory_walk(name, draw_o):
+    """D.3 treats a completion's size as independent of how many complete; on a real walk they are not (a
+    slot's released output tokens over a span are the span less the ages at its ends), so the walk's own
+    variance rate is lower. The margin from the measured moments must stay at or above it (D.4 means it to be
+    conservative), and for near-fixed outputs it must be far below the geometric formula's."""
+    x = draw_o(np.random.default_rng(9), 10**6)
+    formula = model.vbar_moments(20.0, (21**2 - 1) / 12, float(x.mean()), float(x.var()))
+    assert _walk_vbar(draw_o) <= formula
+    if name == "near-fixed":
+        assert formula < 0.05 * model.vbar(1 / float(x.mean()), 20.0)
+
+
 @given(c=st.floats(1e4, 1e7), eps=st.floats(1e-6, 0.5), f=st.floats(0.01, 0.99), theta=st.floats(0.01, 0.9),
        p0=st.floats(1e-3, 0.2), mu_l=st.floats(16, 8192))
 def test_n_star_monotone(c, eps, f, theta, p0, mu_l):
