@@ -347,21 +347,16 @@ def test_eq6_margin_from_the_measured_variance():
     12k, and N* ≥ (500k − 12k)/(μ_L + 1/p0) ≈ 488k/3,970 = 123 (Eq. 6's decode term (1−θ)ζ(θ)/(θp0) is at
     most 1/p0). Geometric outputs with μ_L ≪ μ_O: both margins are the same v̄ (model.vbar_moments), so both
     N* agree."""
+    def policies(outputs, inputs, limit, floor, cap):
+        return {var: feed(Controller(ControllerParams(update_every=50, window=2000, n_max_limit=limit,
+                                                      n_floor_frac=floor, n_min_interval_s=0.0,
+                                                      kv_capacity_tokens=cap, n_variance=var)), outputs, inputs)[0]
+                for var in ("measured", "geometric")}
+
     rng = np.random.default_rng(5)
     capped = np.where(rng.random(2000) < 0.9, 4000, rng.integers(800, 4001, 2000))
-    inputs = rng.integers(60, 181, 2000)
-    ns = {}
-    for var in ("measured", "geometric"):
-        prm = ControllerParams(update_every=50, window=2000, n_max_limit=1000, n_floor_frac=0.1,
-                               n_min_interval_s=0.0, kv_capacity_tokens=500_000, n_variance=var)
-        ns[var], _ = feed(Controller(prm), capped, inputs)
+    ns = policies(capped, rng.integers(60, 181, 2000), 1000, 0.1, 500_000)
     assert ns["geometric"].n_max == 100 and "below floor" in ns["geometric"].reason
     assert ns["measured"].n_max >= 120 and "below floor" not in ns["measured"].reason
-    geo = geometric(rng, 0.001, 2000)
-    short = rng.integers(30, 71, 2000)
-    same = {}
-    for var in ("measured", "geometric"):
-        prm = ControllerParams(update_every=50, window=2000, n_max_limit=10_000, n_floor_frac=0.01,
-                               n_min_interval_s=0.0, kv_capacity_tokens=2_000_000, n_variance=var)
-        same[var], _ = feed(Controller(prm), geo, short)
+    same = policies(geometric(rng, 0.001, 2000), rng.integers(30, 71, 2000), 10_000, 0.01, 2_000_000)
     assert same["measured"].n_max == pytest.approx(same["geometric"].n_max, rel=0.1)
