@@ -22,7 +22,7 @@ from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
 from ebctl.steer import Steering
 from ebctl.trial import Applied
-from ebctl.tuner import Tuner
+from ebctl.tuner import PROBE, Tuner
 
 __all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMode", "ThetaMethod"]
 
@@ -141,6 +141,7 @@ class Controller(Steering):
         if params.n_obs_alpha != self.params.n_obs_alpha:
             self.n_obs = Ema(params.n_obs_alpha)
         self.online_costs.set_params(params.cost_window, params.cost_max_rel_err)
+        self.vbar = None  # Eq. 6's margin: recomputed at the next update under the new settings
         self.probe.set_params(params.probe_s, params.probe_share)
         old = self.params
         if (params.theta_min, params.theta_max, params.theta_method) != (old.theta_min, old.theta_max,
@@ -252,8 +253,8 @@ class Controller(Steering):
                 theta, n, k, kv = fit.theta, fit.n, fit.k, fit.kv
             mode = probe
         version = self.policy.version + 1
-        if arm and probe is None:
-            self.tuner.bind(version, Applied(arm, mode, k, n))
+        if arm:  # a probe's version is bound too, so that the tuner knows its mode (``Tuner.reach``)
+            self.tuner.bind(version, Applied(arm if probe is None else PROBE, mode, k, n))
         self._published = (arm, probe)
         est = Estimates(p0=fit.p0, eta=fit.hz.eta, fit_r2=fit.hz.r2, mu_l=fit.mu_l, mu_o=fit.mu_o,
                         n_window=len(self.window), theta0=fit.theta0, delta_theta=fit.d_theta, theta_star=theta,

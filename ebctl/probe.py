@@ -59,7 +59,7 @@ class ModeProbe:
         return other
 
     def stop(self, now: float) -> None:
-        """End a probe in progress (the mode changed under it, or the tuner starts a trial)."""
+        """End a probe in progress (eb+ or the online costs were switched off under it)."""
         if self.mode is not None:
             self.seconds += min(max(now - self.started, 0.0), self.probe_s)
             self.mode = None

@@ -63,8 +63,9 @@ class Steering:
         """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``): mb for the mixed
         fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown,
         and only once the engine's timings are being learned at all (the other fits passed). During a tuner
-        trial only for a fit that has not passed (the trial pauses, ``Tuner.interrupt``; a stale fit waits for
-        the trial's end): trials can outlast the load on a slow server (a CPU server's windows of 400
+        trial only for a fit that has not passed, once per trial (the trial pauses, ``Tuner.interrupt``, and
+        drops windows: a fit that keeps failing would otherwise keep a trial from ever closing one; a stale fit
+        waits for the trial's end): trials can outlast the load on a slow server (a CPU server's windows of 400
         completions take 17 s each), and a fit that never passed keeps the closed forms on the default costs.
         The stock engine (the tuner's first arm) may need either: a server launched with mixed chunks mixes
         every prefill into the decode batch and runs few prefill-only iterations. A probe starts only while
@@ -76,6 +77,8 @@ class Steering:
             self.probe.stop(now)
             return None
         oc, trial = self.online_costs, self.measured and self.tuner.trial is not None
+        if trial and self.tuner.trial.probed and self.probe.mode is None:  # one pause per trial, or it may never end
+            return None
         stale = math.inf if trial else p.cost_stale_s  # in a trial: a fit that never passed only
         need, target = "", None
         if not self.waiting_share.value >= SATURATED_SHARE:  # NaN (nothing seen yet) included

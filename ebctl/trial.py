@@ -109,6 +109,7 @@ class Trial:
     started: float
     rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
     invalid: int = 0  # unsaturated windows in a row
+    probed: bool = False  # an eb+ probe paused it (one per trial: each pause drops windows)
 
     def arm(self) -> str:
         """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""

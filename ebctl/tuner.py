@@ -39,6 +39,7 @@ from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, Applied, Trial, Verdict, Window, verdict
 
 STOCK, MB = "stock", "mb"
+PROBE = "probe"  # what policy versions of an eb+ probe are bound to: no arm's, but their mode is known
 QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
@@ -216,7 +217,11 @@ class Tuner:
     def interrupt(self) -> None:
         """Another mode runs for a moment (an eb+ probe, ``ebctl.probe``): the window in progress is lost, and
         once the arm resumes its first windows are dropped as after a switch (the probe leaves its batch and,
-        after EB, sglang's decayed new_token_ratio behind). A trial in progress goes on after it."""
+        after EB, sglang's decayed new_token_ratio behind), between trials too: a trial's first window would
+        carry that state. A trial in progress goes on after it; it takes one such pause at most
+        (``Steering._probe``)."""
+        if self.trial is not None:
+            self.trial.probed = True
         self.window, self._since = None, 0
         self.settling = max(self.settling, SETTLE_OWN if self.arm in (STOCK, MB) else SETTLE_EB)
 

@@ -161,8 +161,19 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     pol = ctl.update(t + 0.01)
     assert pol.mode is Mode.EB and "probe: eb for the prefill cost fit" in pol.reason
     assert ctl.tuner.trial is trial and ctl.tuner.window is None and ctl.tuner.settling == 2  # stock: 2
+    # the probe's decode steps (the gate holds the queue at N) do not count as the engine's own admission limit
+    reach = ctl.tuner.reach
+    for i in range(50):
+        ctl.observe(IterationReport(engine_id="e", seq=0, wall_time=t + 0.02 + 0.01 * i, forward_s=0.01,
+                                    kind=BatchKind.DECODE, decode_reqs=3, decode_ctx_tokens=300, running=3,
+                                    waiting=50, policy_version=pol.version))
+    assert ctl.tuner.reach == reach or (np.isnan(reach) and np.isnan(ctl.tuner.reach))
     # the trial's arm again: its first window, A0, is the incumbent's (stock)
     assert ctl.update(t + 2.5).mode is Mode.OFF and ctl.tuner.arm == "stock" and ctl.tuner.trial is trial
+    # one pause per trial: 40 s later the probe budget allows another and the fit still has not passed, but the
+    # trial, which drops windows at every pause, runs on
+    assert not oc.passed(BatchKind.PREFILL)
+    assert ctl.update(t + 45.0).mode is Mode.OFF and ctl.probe.count == 1 and ctl.tuner.trial is trial
     # stale fits (passed, their last iteration long ago) are not probed while a trial runs, and are after it
     stale = Controller(prm)
     t = _drive(stale, 0.0, 400)[1]
