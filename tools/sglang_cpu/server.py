@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,7 +42,24 @@ BASE_ARGS = (
 )
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for bind(("", 0)) (Linux: ip_local_port_range; 32768 elsewhere)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
 def free_port() -> int:
+    """A free port below the ephemeral range. A port from bind(0) can be handed out again at once: sglang binds
+    its own internal sockets to port 0 while it starts, and in one CI run (--dp-size 2, 2026-11-24) took the
+    port a test had just picked for its HTTP server ("address already in use"; the server never served)."""
+    rng = random.Random()
+    top = min(_ephemeral_low(), 65536)
+    for _ in range(200):
+        port = rng.randrange(max(10000, top // 2), top)
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
