@@ -194,13 +194,11 @@ class Controller(Steering):
         costs, cost_source = self.costs()
         hz = fit_hazard(self.window.outputs(), discrete_correction=p.discrete_correction)
         self.hazard = hz
-        mu_l = float(self.window.inputs().mean())
+        ins, outs = self.window.inputs(), self.window.outputs()
+        mu_l = float(ins.mean())
         mu_o = hz.mu_o
-        if p.n_variance == "measured":
-            ins, outs = self.window.inputs(), self.window.outputs()
-            self.vbar = model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
-        else:
-            self.vbar = None
+        self.vbar = (model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
+                     if p.n_variance == "measured" else None)
         p0 = hz.p0 if hz.p0 > 0 else 1.0 / max(mu_o, 1.0)
         p0 = min(p0, 1.0)
         reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
