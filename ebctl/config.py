@@ -138,9 +138,11 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "discrete_correction": Spec(bool, "use −ln(1−p0) for p0 (appendix B.3, source 4)"),
     "min_eta_t": Spec(float, "apply Eq. 5 only when η̂ is this many standard errors above 0", 0.0, 100.0),
     "delta": Spec(float, "Eq. 8 bias δ (s/token): > 0 favours mb, < 0 favours eb", -1.0, 1.0),
-    "mode_hysteresis": Spec(float, "Eq. 8 must clear its bound by this share of β_EB^w to switch", 0.0, 10.0),
+    "mode_hysteresis": Spec(float, "Eq. 8 must clear its bound by this share of β_EB^w to switch (and by 2 standard "
+                                   "errors of its margin)", 0.0, 10.0),
     "mode_cooldown": Spec(int, "updates between two mode switches", 0, 10_000),
-    "n_obs_alpha": Spec(float, "EMA weight of the running batch size N_obs", 1e-6, 1.0),
+    "n_obs_alpha": Spec(float, "EMA weight of N_obs (Eq. 8: running + waiting requests, up to the engine's limit)",
+                        1e-6, 1.0),
     "kv_s": Spec(float, "Eq. 23 safety multiplier s_KV", 0.0, 100.0),
     "kv_f0": Spec(float, "Eq. 23 base reserve f0", 0.0, 0.6),
     "max_defer_s": Spec(float, "a request held back this long (s) forces a refill; 0: auto, defer_factor × "

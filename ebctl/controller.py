@@ -29,6 +29,7 @@ __all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMo
 COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
+MODE_Z = 2.0  # eb+ switches only when Eq. 8's margin clears its band by this many standard errors as well
 WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (eb+ probes only when saturated)
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
@@ -72,6 +73,7 @@ class Controller(Steering):
         self.n_changed_at = -math.inf
         self.eb_mode = params.mode != "mb"  # EB+ state
         self.updates_since_switch = params.mode_cooldown + 1  # no switch yet: nothing is cooling down
+        self.eq8_band = math.nan  # eb+: how far Eq. 8's margin must clear 0 to switch (s/token)
         self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
         self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
         self._arms_trial = -1
@@ -107,14 +109,18 @@ class Controller(Steering):
             if self.window.append(f.input_len, f.output_len):
                 self.completions += 1
                 self.since_update += 1
-        if r.running > 0:
-            self.n_obs.update(float(r.running))
         if r.kv_total > 0:
             self.kv_total = r.kv_total
         if r.max_running > 0 and r.max_running != self.engine_limit:
             self.engine_limit = r.max_running
             if self.updates == 0:  # still cold: re-issue the cold policy against the engine's real limit
                 self.policy = self._cold_policy(version=self.policy.version + 1)
+        if r.running > 0:
+            # Eq. 8's N_obs: the paper's Proposition 3.4 takes N as EB's maximum batch and MB's average one,
+            # i.e. what the engine could batch: running plus waiting, up to its limit. Not the running batch
+            # alone: EB drains it by design, so under EB(θ = 0.8) at c = 1,024 an EMA of it swung from 287 to
+            # 1,017 between two updates, and Eq. 8's right side with it (simulated H200, conc-shift).
+            self.n_obs.update(float(min(r.running + r.waiting, max(self.n_limit, r.running))))
         self.mixed_unavailable = r.mixed_unavailable
         self.mixed_reason = r.mixed_unavailable_reason
         self.group_size = r.group_size
@@ -226,7 +232,8 @@ class Controller(Steering):
         n_max, k = self._pinned(n_star, math.floor(theta_star * n_star))
         if p.k_override or p.n_override:
             reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
-        mode, lhs, rhs = self._mode(costs, theta0, mu_l, mu_o, n_star, reasons)
+        se = (float(ins.std()) / math.sqrt(len(ins)), float(outs.std()) / math.sqrt(len(outs)))
+        mode, lhs, rhs = self._mode(costs, p0, mu_l, mu_o, n_star, se, reasons)
         if self.measured:
             self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
         return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
@@ -297,9 +304,10 @@ class Controller(Steering):
             self.n_star, self.n_changed_at = target, now
         return self.n_star
 
-    def _mode(self, costs: model.Costs, theta0: float, mu_l: float, mu_o: float, n: int,
+    def _mode(self, costs: model.Costs, p0: float, mu_l: float, mu_o: float, n: int, se: tuple[float, float],
               reasons: list[str]) -> tuple[Mode, float, float]:
-        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown."""
+        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown. ``se``: the standard
+        errors of μ̂_L and μ̂_O (σ/√W)."""
         p = self.params
         if p.mode != "eb+":
             return Mode(p.mode), math.nan, math.nan
@@ -307,13 +315,20 @@ class Controller(Steering):
         if not costs.has_mixed:
             reasons.append("mixed cost unknown: eb")
             return Mode.EB, math.nan, math.nan
-        r = mu_o / (mu_l + mu_o)
-        lhs, rhs = model.eb_criterion(theta=theta0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
-                                      alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
-                                      beta_mb=model.beta_mb_e(r, costs.c0, costs.c1, costs.c2),
-                                      mu_l=mu_l, mu_o=mu_o)
-        rhs += p.delta
+
+        def criterion(ml: float, mo: float) -> tuple[float, float]:
+            # θ0 (Eq. 3) at p0 scaled with 1/μ_O: how the window's sampling noise moves it
+            th0 = model.theta0(p0 * (mu_o / mo) * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else p.theta_min
+            lhs, rhs = model.eb_criterion(theta=th0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
+                                          alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
+                                          beta_mb=model.beta_mb_e(mo / (ml + mo), costs.c0, costs.c1, costs.c2),
+                                          mu_l=ml, mu_o=mo)
+            return lhs, rhs + p.delta
+
+        lhs, rhs = criterion(mu_l, mu_o)
         band = p.mode_hysteresis * model.beta_eb_w(beta_p=costs.beta_p, beta_d=costs.beta_d, mu_l=mu_l, mu_o=mu_o)
+        band = max(band, MODE_Z * self._margin_se(criterion, mu_l, mu_o, se))
+        self.eq8_band = band
         self.updates_since_switch += 1
         want_eb = lhs > rhs + band if not self.eb_mode else lhs > rhs - band
         if want_eb != self.eb_mode and self.updates_since_switch > p.mode_cooldown:
@@ -322,6 +337,19 @@ class Controller(Steering):
             reasons.append("mb unavailable on this engine: eb")
             return Mode.EB, lhs, rhs
         return (Mode.EB if self.eb_mode else Mode.MB), lhs, rhs
+
+    @staticmethod
+    def _margin_se(criterion, mu_l: float, mu_o: float, se: tuple[float, float]) -> float:
+        """The standard error of Eq. 8's margin (lhs − rhs) from the window's sampling noise in μ̂_L and μ̂_O
+        (delta method, central differences of ±1 se; L and O taken as independent)."""
+        out = 0.0
+        for i, (mu, s) in enumerate(((mu_l, se[0]), (mu_o, se[1]))):
+            if not (math.isfinite(s) and 0 < s < mu):
+                continue
+            hi = criterion(mu_l + s * (i == 0), mu_o + s * (i == 1))
+            lo = criterion(mu_l - s * (i == 0), mu_o - s * (i == 1))
+            out += (((hi[0] - hi[1]) - (lo[0] - lo[1])) / 2) ** 2
+        return math.sqrt(out)
 
     def _defer_clock(self, k: int, n: int, p0: float) -> float:
         """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected
@@ -356,7 +384,8 @@ class Controller(Steering):
         choice = self.cost_choice()
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
-                "n_obs": self.n_obs.value, "kv_total": self.kv_total, "n_limit": self.n_limit,
+                "n_obs": self.n_obs.value, "eq8_band": self.eq8_band, "kv_total": self.kv_total,
+                "n_limit": self.n_limit,
                 "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
                 "cost_fits": self.online_costs.status(choice), "theta_method": self.params.theta_method,
                 "tuner": self.tuner.status() if self.measured else None,

@@ -25,9 +25,9 @@ C = DEFAULT_COSTS
 
 
 def report(finished=(), *, running=64, kind=BatchKind.DECODE, decode_reqs=64, forward_s=0.0, kv_total=400_000,
-           prefill_tokens=0, seq=0, max_running=0):
+           prefill_tokens=0, seq=0, max_running=0, waiting=0):
     return IterationReport(engine_id="e0", seq=seq, wall_time=0.0, forward_s=forward_s, kind=kind,
-                           prefill_tokens=prefill_tokens, decode_reqs=decode_reqs, running=running,
+                           prefill_tokens=prefill_tokens, decode_reqs=decode_reqs, running=running, waiting=waiting,
                            kv_total=kv_total, max_running=max_running, finished=tuple(finished))
 
 
@@ -149,7 +149,7 @@ def _crossover_costs(mu_l, mu_o, n):
     return dataclasses.replace(c, alpha_mb=0.0, c0=beta_eb + rhs, c1=0.0, c2=0.0)
 
 
-def test_hysteresis_no_flapping_at_the_crossover():
+def test_hysteresis_no_flapping_at_the_crossover(monkeypatch):
     rng = np.random.default_rng(5)
     mu_l, mu_o, n = 500, 200, 64
     costs = _crossover_costs(mu_l, mu_o, n)
@@ -162,7 +162,8 @@ def test_hysteresis_no_flapping_at_the_crossover():
         modes.append(pol.mode)
     flips = sum(a != b for a, b in itertools.pairwise(modes))
     assert flips <= 1, modes
-    # without hysteresis and cooldown the same stream does flap: the test can tell the difference
+    # without hysteresis (its noise term too) and cooldown the same stream does flap: the test can tell
+    monkeypatch.setattr("ebctl.controller.MODE_Z", 0.0)
     ctl = Controller(ControllerParams(mode="eb+", update_every=50, window=500, mode_hysteresis=0.0,
                                       mode_cooldown=0), costs)
     rng = np.random.default_rng(5)
@@ -171,6 +172,52 @@ def test_hysteresis_no_flapping_at_the_crossover():
         pol, now = feed(ctl, geometric(rng, 1 / mu_o, 50), np.full(50, mu_l), now=now, running=n)
         modes.append(pol.mode)
     assert sum(a != b for a, b in itertools.pairwise(modes)) > 2
+
+
+def test_the_default_band_does_not_flap_at_the_crossover():
+    """The default band (5% of β_EB^w, and at least 2 standard errors of Eq. 8's margin): no flapping on the
+    stream above. Its 5% alone flaps there (2-3 switches in 60 updates on seeds 5-7): with N = 64 the margin's
+    sampling sd is 3-5% of β_EB^w."""
+    costs = _crossover_costs(500, 200, 64)
+    for seed in (5, 6, 7):
+        rng = np.random.default_rng(seed)
+        ctl = Controller(ControllerParams(mode="eb+", update_every=50, window=500), costs)
+        modes, now = [], 0.0
+        for _ in range(60):
+            pol, now = feed(ctl, geometric(rng, 1 / 200, 50), np.full(50, 500), now=now, running=64)
+            modes.append(pol.mode)
+        assert sum(a != b for a, b in itertools.pairwise(modes)) <= 1, (seed, modes)
+
+
+def test_eq8_band_is_two_standard_errors_of_the_margin():
+    """The band's noise term against a Monte Carlo: Eq. 8's margin (lhs − rhs) over 80 disjoint windows of
+    500 requests (geometric outputs, lognormal inputs) has a sample sd; the band (floor off) is 2 × the delta
+    method's standard error, which should be that sd (seed 11: 6.84e-7 against a sample sd of 7.12e-7)."""
+    rng = np.random.default_rng(11)
+    costs = _crossover_costs(500, 200, 256)
+    ctl = Controller(ControllerParams(mode="eb+", update_every=500, window=500, mode_hysteresis=0.0), costs)
+    margins, bands, now = [], [], 0.0
+    for _ in range(80):
+        ins = np.maximum(1, rng.lognormal(math.log(400), 0.8, 500)).astype(int)
+        pol, now = feed(ctl, geometric(rng, 1 / 200, 500), ins, now=now, running=256, per_report=50)
+        margins.append(pol.estimates.eb_lhs - pol.estimates.eb_rhs)
+        bands.append(ctl.eq8_band)
+    sd = float(np.std(margins, ddof=1))
+    assert 0.7 * sd <= float(np.mean(bands)) / 2 <= 1.4 * sd, (sd, np.mean(bands) / 2)
+
+
+def test_n_obs_is_what_the_engine_could_batch():
+    """Eq. 8's N_obs: running + waiting, up to the engine's limit (Proposition 3.4: EB's maximum batch). An EB
+    cycle drains the running batch from 1,000 to 300 while the rest wait: N_obs stays at the limit, 1,024."""
+    ctl = Controller(ControllerParams(mode="eb+"))
+    for i in range(400):
+        running = 1000 - (i % 100) * 7
+        ctl.observe(report(running=running, max_running=1024, waiting=1100 - running))
+    assert ctl.n_obs.value == pytest.approx(1024)
+    ctl = Controller(ControllerParams(mode="eb+"))  # below the limit: all of them
+    for _ in range(400):
+        ctl.observe(report(running=200, max_running=1024, waiting=50))
+    assert ctl.n_obs.value == pytest.approx(250)
 
 
 def test_eb_plus_picks_mb_at_low_and_eb_at_high_concurrency():
