@@ -246,7 +246,7 @@ class Controller(Steering):
         if p.k_override or p.n_override:
             reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
         se = (float(ins.std()) / math.sqrt(len(ins)), float(outs.std()) / math.sqrt(len(outs)))
-        mode, lhs, rhs = self._mode(costs, p0, mu_l, mu_o, n_star, se, reasons)
+        mode, lhs, rhs = self._mode(costs, theta0, p0, mu_l, mu_o, n_star, se, reasons)
         if self.measured:
             self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
         return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
@@ -317,10 +317,10 @@ class Controller(Steering):
             self.n_star, self.n_changed_at = target, now
         return self.n_star
 
-    def _mode(self, costs: model.Costs, p0: float, mu_l: float, mu_o: float, n: int, se: tuple[float, float],
-              reasons: list[str]) -> tuple[Mode, float, float]:
-        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown. ``se``: the standard
-        errors of μ̂_L and μ̂_O (σ/√W)."""
+    def _mode(self, costs: model.Costs, theta0: float, p0: float, mu_l: float, mu_o: float, n: int,
+              se: tuple[float, float], reasons: list[str]) -> tuple[Mode, float, float]:
+        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown. ``theta0``: Eq. 3's at
+        ``p0``; ``se``: the standard errors of μ̂_L and μ̂_O (σ/√W)."""
         p = self.params
         if p.mode != "eb+":
             return Mode(p.mode), math.nan, math.nan
@@ -331,7 +331,7 @@ class Controller(Steering):
 
         def criterion(ml: float, mo: float) -> tuple[float, float]:
             # θ0 (Eq. 3) at p0 scaled with 1/μ_O: how the window's sampling noise moves it
-            th0 = _theta0(p0 * (mu_o / mo), costs, p.theta_min)
+            th0 = theta0 if mo == mu_o else _theta0(p0 * (mu_o / mo), costs, p.theta_min)
             lhs, rhs = model.eb_criterion(theta=th0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
                                           alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
                                           beta_mb=model.beta_mb_e(mo / (ml + mo), costs.c0, costs.c1, costs.c2),
