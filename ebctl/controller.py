@@ -36,17 +36,6 @@ WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
 
 
-def _theta0(p0: float, costs: model.Costs, theta_min: float) -> float:
-    """Eq. 3's θ0 at γ = p0·α_p/α_d; θ_min without a refill cost (α_p = 0); 1 without a fixed decode-step cost
-    (α_d = 0, which an online decode fit can find: on a simulated H200 the decode step's intercept was
-    1.4e-5 s in one fit and 0 in the next), the limit of Eq. 3 as γ → ∞ (θ0 → 1 − 1/γ)."""
-    if costs.alpha_p <= 0:
-        return theta_min
-    if costs.alpha_d <= 0:
-        return 1.0
-    return model.theta0(p0 * costs.alpha_p / costs.alpha_d)
-
-
 class Controller(Steering):
     """One engine's controller. ``observe`` each report; ``update(now)`` returns the current Policy."""
 
@@ -220,18 +209,16 @@ class Controller(Steering):
         p0 = min(p0, 1.0)
         reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
 
-        theta0 = _theta0(p0, costs, p.theta_min)
+        theta0 = model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else p.theta_min
         d_theta = 0.0
         paper = p.theta_method in ("paper", "measured")  # the measured method's prior is the paper's form
-        if theta0 >= 1.0:
-            reasons.append("alpha_d = 0 (no fixed cost per decode step): theta0 = 1, theta* = theta_max")
-        elif paper and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
+        if paper and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
             d_theta = model.delta_theta(theta0, p0, hz.eta, costs.alpha_d, costs.beta_d, self.n_star)
         elif paper and hz.eta <= 0:
             reasons.append("hazard not increasing: CFR threshold")
         elif paper:
             reasons.append(f"IFR not significant (eta/se={hz.eta / hz.eta_se:.1f}): CFR threshold")
-        if p.theta_method == "exact-fluid" and theta0 < 1.0:
+        if p.theta_method == "exact-fluid":
             raw = model.theta_exact_fluid(p0, hz.eta if hz.ok else 0.0, costs.alpha_p, costs.beta_p,
                                           costs.alpha_d, costs.beta_d, mu_l, self.n_star)
         else:
@@ -331,7 +318,9 @@ class Controller(Steering):
 
         def criterion(ml: float, mo: float) -> tuple[float, float]:
             # θ0 (Eq. 3) at p0 scaled with 1/μ_O: how the window's sampling noise moves it
-            th0 = theta0 if mo == mu_o else _theta0(p0 * (mu_o / mo), costs, p.theta_min)
+            th0 = theta0
+            if mo != mu_o and costs.alpha_p > 0:
+                th0 = model.theta0(p0 * (mu_o / mo) * costs.alpha_p / costs.alpha_d)
             lhs, rhs = model.eb_criterion(theta=th0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
                                           alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
                                           beta_mb=model.beta_mb_e(mo / (ml + mo), costs.c0, costs.c1, costs.c2),

@@ -180,10 +180,10 @@ class OnlineCosts:
             return CostChoice(base, base_source, "until the online fits pass (" + "; ".join(waiting) + ")")
         c = paper_costs(self.iteration_costs(), prefill=self.shapes[BatchKind.PREFILL],
                         decode=self.shapes[BatchKind.DECODE], mixed=self.shapes[BatchKind.MIXED])
-        if not all(math.isfinite(v) and v >= 0 for v in (c.alpha_p, c.beta_p, c.alpha_d, c.beta_d)):
+        if not (c.alpha_d > 0 and all(math.isfinite(v) and v >= 0 for v in (c.alpha_p, c.beta_p, c.beta_d))):
             return CostChoice(base, base_source, f"online fits pass but give alpha_d={c.alpha_d:.3g}, "
                               f"alpha_p={c.alpha_p:.3g}, beta_p={c.beta_p:.3g}, beta_d={c.beta_d:.3g}: "
-                              "Eq. 3 needs finite, non-negative costs")
+                              "Eq. 3 needs alpha_d > 0")
         used = [k for k in KINDS if self.passed(k)]
         errs = ", ".join(f"{k} {self.fits[k].quality.median_rel_err:.1%}" for k in used)
         return CostChoice(c, "online", f"online fits passed (median held-out error: {errs})")

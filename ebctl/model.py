@@ -237,8 +237,7 @@ def eb_criterion(*, theta: float, n: float, alpha_p: float, beta_p: float, alpha
     """Both sides of Eq. 7 / Eq. 8 (δ excluded): (β_MB^e − β_EB^w, [(α_p + α_d ζ μ_O)/θ − α_MB(1+μ_O)]
     / (N(μ_L+μ_O))). EB has the higher throughput exactly when lhs > rhs. Online (Eq. 8) N is N_obs."""
     lhs = beta_mb - beta_eb_w(beta_p=beta_p, beta_d=beta_d, mu_l=mu_l, mu_o=mu_o)
-    decode = alpha_d * zeta(theta) * mu_o if alpha_d > 0 else 0.0  # α_d = 0 with θ0 = 1 (Eq. 3's limit): 0, not 0·∞
-    rhs = ((alpha_p + decode) / theta - alpha_mb * (1.0 + mu_o)) / (n * (mu_l + mu_o))
+    rhs = ((alpha_p + alpha_d * zeta(theta) * mu_o) / theta - alpha_mb * (1.0 + mu_o)) / (n * (mu_l + mu_o))
     return lhs, rhs
 
 

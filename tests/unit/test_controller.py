@@ -237,22 +237,6 @@ def test_eb_plus_without_mixed_costs_stays_eb_and_says_why():
     assert pol.mode is Mode.EB and "mixed cost unknown" in pol.reason
 
 
-def test_no_decode_step_cost_gives_theta_max():
-    """α_d = 0 (what an online decode fit can find): Eq. 3's limit θ0 = 1, so θ* = θ_max, and eb+ still
-    decides its mode (no error: Eq. 8 takes the limit too). Before, such a fit sent the controller back to
-    the profile's costs, and θ* from 0.8 to 0.38 (simulated H200, dist-shift)."""
-    rng = np.random.default_rng(8)
-    costs = dataclasses.replace(C, alpha_d=0.0, alpha_mb=1e-4, c0=3e-5, c1=5e-5, c2=0.0)
-    for mode in ("eb", "eb+"):
-        ctl = Controller(ControllerParams(mode=mode, update_every=100, theta_max=0.8), costs)
-        pol, _ = feed(ctl, geometric(rng, 1 / 200, 1000), np.full(1000, 500), running=256)
-        assert ctl.errors == 0, ctl.last_error
-        assert pol.estimates.theta0 == 1.0 and pol.estimates.theta_star == 0.8
-        assert "alpha_d = 0" in pol.reason
-        if mode == "eb+":
-            assert math.isfinite(pol.estimates.eb_rhs) and pol.mode in (Mode.EB, Mode.MB)
-
-
 def test_falling_hazard_uses_cfr_threshold():
     rng = np.random.default_rng(7)
     outs = np.where(rng.random(3000) < 0.5, rng.geometric(0.2, 3000), rng.geometric(0.005, 3000))  # DFR

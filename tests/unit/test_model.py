@@ -200,18 +200,6 @@ def test_prefers_eb_delta_direction():
     assert not model.prefers_eb(beta_mb=5.5e-5, delta=(lhs - rhs) * 1.5, **p)
 
 
-def test_eq8_without_a_decode_step_cost_is_the_limit():
-    """α_d = 0 (an online decode fit with no intercept): Eq. 3's θ0 → 1, and Eq. 8's right side is its limit
-    (α_p − α_MB(1+μ_O))/(N(μ_L+μ_O)), by hand; α_d = 1e-12 with its own θ0 lands next to it."""
-    p = dict(n=512, alpha_p=2.6e-3, beta_p=2.5e-5, beta_d=9.6e-5, alpha_mb=1e-4, mu_l=1024, mu_o=128)
-    lhs, rhs = model.eb_criterion(theta=1.0, alpha_d=0.0, beta_mb=6e-5, **p)
-    assert rhs == pytest.approx((2.6e-3 - 1e-4 * 129) / (512 * 1152), rel=1e-12)
-    assert lhs == pytest.approx(6e-5 - (2.5e-5 * 1024 + 9.6e-5 * 128) / 1152, rel=1e-12)
-    th0 = model.theta0(2.6e-3 / 128 / 1e-12)
-    near = model.eb_criterion(theta=th0, alpha_d=1e-12, beta_mb=6e-5, **p)
-    assert near[1] == pytest.approx(rhs, rel=1e-6)
-
-
 def test_kv_reserve_fraction_eq23():
     f = model.kv_reserve_fraction(n=256, mu_o=200, block_size=16, total_blocks=10000)
     assert f == pytest.approx(256 * 200 * 0.5 / (16 * 10000))
