@@ -203,8 +203,8 @@ class Controller(Steering):
         ins, outs = self.window.inputs(), self.window.outputs()
         mu_l = float(ins.mean())
         mu_o = hz.mu_o
-        self.vbar = (model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
-                     if p.n_variance == "measured" else None)
+        var_l, var_o = float(ins.var()), float(outs.var())
+        self.vbar = model.vbar_moments(mu_l, var_l, float(outs.mean()), var_o) if p.n_variance == "measured" else None
         p0 = hz.p0 if hz.p0 > 0 else 1.0 / max(mu_o, 1.0)
         p0 = min(p0, 1.0)
         reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
@@ -232,7 +232,7 @@ class Controller(Steering):
         n_max, k = self._pinned(n_star, math.floor(theta_star * n_star))
         if p.k_override or p.n_override:
             reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
-        se = (float(ins.std()) / math.sqrt(len(ins)), float(outs.std()) / math.sqrt(len(outs)))
+        se = (math.sqrt(var_l / len(ins)), math.sqrt(var_o / len(outs)))
         mode, lhs, rhs = self._mode(costs, theta0, p0, mu_l, mu_o, n_star, se, reasons)
         if self.measured:
             self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
@@ -317,10 +317,11 @@ class Controller(Steering):
             return Mode.EB, math.nan, math.nan
 
         def criterion(ml: float, mo: float) -> tuple[float, float]:
-            # θ0 (Eq. 3) at p0 scaled with 1/μ_O: how the window's sampling noise moves it
+            # θ0 (Eq. 3) with p0 scaled by μ_O/mo, to first order: Ψ(θ0) = γ, dθ0/dγ = 1/Ψ'(θ0) = (1−θ0)²/θ0
             th0 = theta0
             if mo != mu_o and costs.alpha_p > 0:
-                th0 = model.theta0(p0 * (mu_o / mo) * costs.alpha_p / costs.alpha_d)
+                gamma = p0 * costs.alpha_p / costs.alpha_d
+                th0 = min(max(theta0 + (1 - theta0) ** 2 / theta0 * gamma * (mu_o / mo - 1), 1e-9), 1 - 1e-9)
             lhs, rhs = model.eb_criterion(theta=th0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
                                           alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
                                           beta_mb=model.beta_mb_e(mo / (ml + mo), costs.c0, costs.c1, costs.c2),
