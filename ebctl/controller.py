@@ -345,14 +345,16 @@ class Controller(Steering):
     def _margin_se(criterion, mu_l: float, mu_o: float, se: tuple[float, float]) -> float:
         """The standard error of Eq. 8's margin (lhs − rhs) from the window's sampling noise in μ̂_L and μ̂_O
         (delta method, central differences of ±1 se; L and O taken as independent)."""
-        out = 0.0
-        for i, (mu, s) in enumerate(((mu_l, se[0]), (mu_o, se[1]))):
-            if not (math.isfinite(s) and 0 < s < mu):
-                continue
-            hi = criterion(mu_l + s * (i == 0), mu_o + s * (i == 1))
-            lo = criterion(mu_l - s * (i == 0), mu_o - s * (i == 1))
-            out += (((hi[0] - hi[1]) - (lo[0] - lo[1])) / 2) ** 2
-        return math.sqrt(out)
+        def margin(ml: float, mo: float) -> float:
+            lhs, rhs = criterion(ml, mo)
+            return lhs - rhs
+
+        var = 0.0
+        if math.isfinite(se[0]) and 0 < se[0] < mu_l:
+            var += ((margin(mu_l + se[0], mu_o) - margin(mu_l - se[0], mu_o)) / 2) ** 2
+        if math.isfinite(se[1]) and 0 < se[1] < mu_o:
+            var += ((margin(mu_l, mu_o + se[1]) - margin(mu_l, mu_o - se[1])) / 2) ** 2
+        return math.sqrt(var)
 
     def _defer_clock(self, k: int, n: int, p0: float) -> float:
         """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected
