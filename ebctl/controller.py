@@ -181,15 +181,28 @@ class Controller(Steering):
         return self.policy
 
     def cost_choice(self) -> CostChoice:
-        """The α/β of Eq. 3, 5 and 8 from one source: the profile's (or the defaults) until the online fits
-        the mode needs have passed (prefill and decode; mixed too for eb+ on an engine that can mix), then the
-        online fits for all."""
-        needs_mixed = self.params.mode == "eb+" and not self.mixed_unavailable  # no mixed iteration can come
+        """The α/β of Eq. 3, 5 and 6 (θ, N and the clock) from one source: the profile's (or the defaults)
+        until the online prefill and decode fits have passed, then both online fits. eb+ takes the same θ as
+        eb: waiting for the mixed fit here kept it on the profile's θ (0.38 where the online costs give 0.8,
+        1.5% slower on simulated H200, dist-shift phase 1) while Eq. 8 could not use the online costs yet."""
+        return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=False,
+                                        enabled=self.params.cost_online)
+
+    def eq8_cost_choice(self) -> CostChoice:
+        """The α/β of eb+'s Eq. 8 from one source for both sides, EB's and MB's: the profile's until the online
+        prefill, decode and mixed fits have all passed (mixed only on an engine that can mix: elsewhere no
+        mixed iteration can come), then all online. Never an online β_EB against a profile's β_MB."""
+        needs_mixed = not self.mixed_unavailable
         return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=needs_mixed,
                                         enabled=self.params.cost_online)
 
+    def cost_fits(self) -> dict:
+        """Per kind, the online fit and whether Eq. 3-6 or eb+'s Eq. 8 use it (``OnlineCosts.status``)."""
+        choices = [self.cost_choice()] + ([self.eq8_cost_choice()] if self.params.mode == "eb+" else [])
+        return self.online_costs.status(*choices)
+
     def costs(self) -> tuple[model.Costs, str]:
-        """(the costs in use, their source: ``online``, ``profile:NAME`` or ``default``)."""
+        """(the costs of Eq. 3-6, their source: ``online``, ``profile:NAME`` or ``default``)."""
         c = self.cost_choice()
         return c.costs, c.source
 
@@ -209,7 +222,7 @@ class Controller(Steering):
         p0 = min(p0, 1.0)
         reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
 
-        theta0 = model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else p.theta_min
+        theta0 = self._theta0(costs, p0)
         d_theta = 0.0
         paper = p.theta_method in ("paper", "measured")  # the measured method's prior is the paper's form
         if paper and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
@@ -233,7 +246,7 @@ class Controller(Steering):
         if p.k_override or p.n_override:
             reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
         se = (math.sqrt(var_l / len(ins)), math.sqrt(var_o / len(outs)))
-        mode, lhs, rhs = self._mode(costs, theta0, p0, mu_l, mu_o, n_star, se, reasons)
+        mode, lhs, rhs = self._mode(theta0, costs, p0, mu_l, mu_o, n_star, se, reasons)
         if self.measured:
             self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
         return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
@@ -304,13 +317,21 @@ class Controller(Steering):
             self.n_star, self.n_changed_at = target, now
         return self.n_star
 
-    def _mode(self, costs: model.Costs, theta0: float, p0: float, mu_l: float, mu_o: float, n: int,
+    def _theta0(self, costs: model.Costs, p0: float) -> float:
+        """Eq. 3's θ0 at γ = p0·α_p/α_d (θ_min when α_p is 0: no cycle cost to spread)."""
+        return model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else self.params.theta_min
+
+    def _mode(self, theta0: float, theta_costs: model.Costs, p0: float, mu_l: float, mu_o: float, n: int,
               se: tuple[float, float], reasons: list[str]) -> tuple[Mode, float, float]:
-        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown. ``theta0``: Eq. 3's at
-        ``p0``; ``se``: the standard errors of μ̂_L and μ̂_O (σ/√W)."""
+        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown, on its own costs
+        (``eq8_cost_choice``). ``theta0``: Eq. 3's at ``p0`` on ``theta_costs``; ``se``: the standard errors of
+        μ̂_L and μ̂_O (σ/√W)."""
         p = self.params
         if p.mode != "eb+":
             return Mode(p.mode), math.nan, math.nan
+        costs = self.eq8_cost_choice().costs
+        if costs != theta_costs:  # the profile's until the mixed fit passes: θ0 on the same costs as the rest
+            theta0 = self._theta0(costs, p0)
         n_obs = self.n_obs.value if math.isfinite(self.n_obs.value) and self.n_obs.value >= 1 else float(n)
         if not costs.has_mixed:
             reasons.append("mixed cost unknown: eb")
@@ -383,15 +404,17 @@ class Controller(Steering):
     def status(self) -> dict:
         """Counters and fits for `ebctl status` and the metrics exporter (the policy carries the rest):
         ``cost_fits`` per kind (state, why, held-out error, features kept, coefficients) and
-        ``cost_reason``, why the costs in use come from where they do; ``theta_method``; ``tuner`` (the
+        ``cost_reason``, why the costs of Eq. 3-6 come from where they do, ``eq8_cost_reason`` the same for
+        eb+'s Eq. 8 (None in other modes); ``theta_method``; ``tuner`` (the
         measured search: state, arm, every recent trial, ``ebctl.tuner``) and ``probes`` (eb+'s runs of the
         other mode: count, seconds, share, ``ebctl.probe``)."""
-        choice = self.cost_choice()
+        choice, eq8 = self.cost_choice(), self.eq8_cost_choice() if self.params.mode == "eb+" else None
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
                 "n_obs": self.n_obs.value, "eq8_band": self.eq8_band, "kv_total": self.kv_total,
                 "n_limit": self.n_limit,
                 "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
-                "cost_fits": self.online_costs.status(choice), "theta_method": self.params.theta_method,
+                "eq8_cost_reason": None if eq8 is None else f"{eq8.source}: {eq8.reason}",
+                "cost_fits": self.cost_fits(), "theta_method": self.params.theta_method,
                 "tuner": self.tuner.status() if self.measured else None,
                 "probes": self.probe.status(self.last_wall if math.isfinite(self.last_wall) else 0.0)}

@@ -86,11 +86,13 @@ class IterationWindow:
 
 
 class CostChoice(NamedTuple):
-    """The α/β the controller uses, where they come from (``online``, ``profile:NAME``, ``default``), why."""
+    """The α/β the controller uses, where they come from (``online``, ``profile:NAME``, ``default``), why, and
+    the online fits taken (none unless ``source`` is ``online``)."""
 
     costs: model.Costs
     source: str
     reason: str
+    kinds: tuple[BatchKind, ...] = ()
 
 
 class OnlineCosts:
@@ -184,19 +186,18 @@ class OnlineCosts:
             return CostChoice(base, base_source, f"online fits pass but give alpha_d={c.alpha_d:.3g}, "
                               f"alpha_p={c.alpha_p:.3g}, beta_p={c.beta_p:.3g}, beta_d={c.beta_d:.3g}: "
                               "Eq. 3 needs alpha_d > 0")
-        used = [k for k in KINDS if self.passed(k)]
-        errs = ", ".join(f"{k} {self.fits[k].quality.median_rel_err:.1%}" for k in used)
-        return CostChoice(c, "online", f"online fits passed (median held-out error: {errs})")
+        errs = ", ".join(f"{k} {self.fits[k].quality.median_rel_err:.1%}" for k in need)
+        return CostChoice(c, "online", f"online fits passed (median held-out error: {errs})", tuple(need))
 
-    def status(self, choice: CostChoice) -> dict[str, Any]:
-        """Per kind: ``state`` (in use, passed but not in use, failed, waiting), ``in_use``, ``reason``, ``n``
-        (iterations in the window); once fitted also ``rel_err`` (held-out median relative error),
-        ``mean_rel_err`` (the mean predictor's), ``n_test``, ``mean_s``, ``features`` kept and ``coef``."""
+    def status(self, *choices: CostChoice) -> dict[str, Any]:
+        """Per kind: ``state`` (in use by one of ``choices``, passed but not in use, failed, waiting), ``in_use``,
+        ``reason``, ``n`` (iterations in the window); once fitted also ``rel_err`` (held-out median relative
+        error), ``mean_rel_err`` (the mean predictor's), ``n_test``, ``mean_s``, ``features`` kept and ``coef``."""
         out: dict[str, Any] = {}
         for k in KINDS:
             f, n = self.fits[k], len(self.windows[k])
             if self.passed(k):
-                state = "in use" if choice.source == "online" else "passed, not in use"
+                state = "in use" if any(k in c.kinds for c in choices) else "passed, not in use"
             else:
                 state = "failed" if f is not None and f.cost is not None else "waiting"
             d: dict[str, Any] = {"state": state, "in_use": state == "in use", "reason": self.why(k), "n": n}

@@ -96,7 +96,7 @@ class DaemonCollector(Collector):
             costs, _ = ctl.costs()
             for name, v in dataclasses.asdict(costs).items():
                 cost_g.add_metric([eid, name], v)
-            for phase, fit in ctl.online_costs.status(ctl.cost_choice()).items():
+            for phase, fit in ctl.cost_fits().items():
                 err_g.add_metric([eid, phase], fit.get("rel_err", math.nan))
                 use_g.add_metric([eid, phase], 1.0 if fit["in_use"] else 0.0)
             reports.add_metric([eid], ctl.reports)

@@ -313,6 +313,41 @@ def test_profile_costs_stay_whole_until_both_fits_pass():
     assert ctl.costs()[1] == "online" and ctl.costs()[0].alpha_d == pytest.approx(0.02, rel=0.05)
 
 
+def test_eb_plus_takes_eb_costs_for_theta_while_eq8_waits_for_the_mixed_fit():
+    """An eb+ engine in EB has online prefill and decode fits but no mixed iteration yet: θ comes from the
+    online fits (α_d = 0.02 s, the generator's, not the profile's 7 ms), while Eq. 8 weighs the profile's EB
+    costs against the profile's MB costs, θ0 included (an online β_EB against a profile's β_MB would mix a
+    measured number with a kernel one)."""
+    rng = np.random.default_rng(23)
+    base = model.Costs(alpha_p=5e-3, beta_p=2e-5, alpha_d=7e-3, beta_d=3e-5, alpha_mb=4e-3, c0=3e-5, c1=1e-4)
+    ctl = Controller(ControllerParams(mode="eb+", theta_method="paper", update_every=10, min_window=5), base,
+                     cost_source="profile:test")
+    for _ in range(300):
+        n = int(rng.integers(1, 256))
+        ctl.observe(report(running=n, decode_reqs=n, forward_s=(0.02 + 2e-4 * n) * rng.lognormal(0, 0.01)))
+        tok = int(rng.integers(16, 4096))
+        ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok,
+                           forward_s=(0.003 + 1e-4 * tok) * rng.lognormal(0, 0.01)))
+    pol, _ = feed(ctl, geometric(rng, 0.02, 200), np.full(200, 300))
+    est = pol.estimates
+    assert est.cost_source == "online" and est.alpha_d == pytest.approx(0.02, rel=0.05)
+    assert est.theta0 == pytest.approx(model.theta0(est.p0 * est.alpha_p / est.alpha_d), rel=1e-9)
+    st = ctl.status()
+    assert st["cost_reason"].startswith("online: ")
+    assert st["eq8_cost_reason"].startswith("profile:test: until the online fits pass (mixed: 0 iterations")
+    fits = st["cost_fits"]
+    assert fits["prefill"]["in_use"] and fits["decode"]["in_use"] and fits["mixed"]["state"] == "waiting"
+    # Eq. 8 by hand on the profile's costs, at the controller's μ̂_L, μ̂_O, p̂0 and N_obs
+    th0 = model.theta0(est.p0 * base.alpha_p / base.alpha_d)
+    r = est.mu_o / (est.mu_l + est.mu_o)
+    lhs, rhs = model.eb_criterion(theta=th0, n=ctl.n_obs.value, alpha_p=base.alpha_p, beta_p=base.beta_p,
+                                  alpha_d=base.alpha_d, beta_d=base.beta_d, alpha_mb=base.alpha_mb,
+                                  beta_mb=base.c0 + base.c1 * r, mu_l=est.mu_l, mu_o=est.mu_o)
+    assert est.eb_lhs == pytest.approx(lhs, rel=1e-9) and est.eb_rhs == pytest.approx(rhs + ctl.params.delta,
+                                                                                        rel=1e-9)
+    assert abs(th0 - est.theta0) > 0.05  # the two sources really differ here
+
+
 def test_exact_fluid_method_matches_model():
     rng = np.random.default_rng(9)
     ctl = Controller(ControllerParams(theta_method="exact-fluid", theta_max=0.99, update_every=100,
@@ -367,7 +402,8 @@ def test_operator_overrides_pin_k_and_n_even_when_cold():
 
 def test_eb_plus_on_an_engine_that_cannot_mix_does_not_wait_for_a_mixed_fit():
     """Eq. 8 needs a mixed cost only where mixing can happen: an engine that reports mb unavailable never
-    runs a mixed iteration, so eb+ takes its prefill and decode fits as soon as they pass."""
+    runs a mixed iteration, so eb+'s Eq. 8 takes its prefill and decode fits as soon as they pass. θ (Eq. 3-6)
+    takes them at once on both engines: it does not wait for the mixed fit."""
     from ebctl.controller import Controller
     from ebctl.params import ControllerParams
     from ebctl.protocol import BatchKind, IterationReport
@@ -384,7 +420,10 @@ def test_eb_plus_on_an_engine_that_cannot_mix_does_not_wait_for_a_mixed_fit():
                                         prefill_reqs=1 if prefill else 0, prefill_tokens=tok if prefill else 0,
                                         decode_reqs=0 if prefill else n, mixed_unavailable=unavailable))
         ctl.online_costs.refit(force=True)
-        assert ctl.cost_choice().source == expected, ctl.cost_choice().reason
+        assert ctl.eq8_cost_choice().source == expected, ctl.eq8_cost_choice().reason
+        assert ctl.cost_choice().source == "online", ctl.cost_choice().reason
+        fits = ctl.status()["cost_fits"]
+        assert fits["prefill"]["in_use"] and fits["decode"]["in_use"] and not fits["mixed"]["in_use"]
 
 
 def test_eq6_margin_from_the_measured_variance():
