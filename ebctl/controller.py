@@ -30,6 +30,7 @@ COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can c
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
 MODE_Z = 2.0  # eb+ switches only when Eq. 8's margin clears its band by this many standard errors as well
+N_OBS_SHIFT = 1.5  # eb+ updates at once when N_obs moved by this factor since the last update
 WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (eb+ probes only when saturated)
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
@@ -47,6 +48,7 @@ class Controller(Steering):
         self.base_cost_source = cost_source or ("profile" if costs else "default")
         self.window = LengthWindow(params.window)
         self.n_obs = Ema(params.n_obs_alpha)
+        self.n_obs_at_update = math.nan  # N_obs when the last update ran
         self.decode_step_s = Ema(DECODE_STEP_ALPHA)  # measured seconds per decode iteration
         self.waiting_share = Ema(WAITING_ALPHA)  # share of recent non-idle iterations with requests waiting
         self.gate_reasons: dict[str, int] = {}  # the engine's gate decisions by reason (cumulative, as reported)
@@ -165,7 +167,7 @@ class Controller(Steering):
         """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6); in
         between, re-issue the policy when the tuner switched arms or a probe starts or ends."""
         p = self.params
-        due = self.since_update >= p.update_every and len(self.window) >= p.min_window
+        due = len(self.window) >= p.min_window and (self.since_update >= p.update_every or self._n_obs_moved())
         if not due and (self.fit is None or self._want(now) == self._published):
             return self.policy
         try:
@@ -179,6 +181,15 @@ class Controller(Steering):
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
         return self.policy
+
+    def _n_obs_moved(self) -> bool:
+        """eb+: N_obs moved by N_OBS_SHIFT× since the last update (the concurrency shifted). Eq. 8 turns on N:
+        at a jump from c = 32 to 512 on simulated RTX PRO 6000, waiting for T_upd completions at mb's slow
+        pace left mb running 29 s into a phase where EB is 14% faster."""
+        if self.params.mode != "eb+" or self.fit is None:
+            return False
+        v, ref = self.n_obs.value, self.n_obs_at_update
+        return v > 0 and ref > 0 and max(v / ref, ref / v) >= N_OBS_SHIFT
 
     def cost_choice(self) -> CostChoice:
         """The α/β of Eq. 3, 5 and 6 (θ, N and the clock) from one source: the profile's (or the defaults)
@@ -211,6 +222,7 @@ class Controller(Steering):
         p = self.params
         self.online_costs.refit()
         costs, cost_source = self.costs()
+        self.n_obs_at_update = self.n_obs.value
         hz = fit_hazard(self.window.outputs(), discrete_correction=p.discrete_correction)
         self.hazard = hz
         ins, outs = self.window.inputs(), self.window.outputs()

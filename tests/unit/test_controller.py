@@ -231,6 +231,28 @@ def test_eb_plus_picks_mb_at_low_and_eb_at_high_concurrency():
         assert pol.mode is want, (running, pol.estimates.eb_lhs, pol.estimates.eb_rhs)
 
 
+def test_eb_plus_answers_a_concurrency_jump_before_the_next_t_upd_completions(monkeypatch):
+    """At the crossover costs for N = 64 (hand-worked in _crossover_costs), an eb+ engine in MB at N = 4 sees
+    its batch jump to 1,024 (the client's concurrency rose): Eq. 8 is re-run as N_obs moves, and the engine is
+    in EB before one more request has finished. Without that trigger it stays in MB until T_upd completions."""
+    import ebctl.controller as controller
+
+    rng = np.random.default_rng(6)
+    costs = _crossover_costs(500, 200, 64)
+    for shift, want in ((controller.N_OBS_SHIFT, Mode.EB), (math.inf, Mode.MB)):
+        monkeypatch.setattr(controller, "N_OBS_SHIFT", shift)
+        ctl = Controller(ControllerParams(mode="eb+", update_every=100, n_max_limit=2048), costs)
+        pol, now = feed(ctl, geometric(rng, 1 / 200, 2000), np.full(2000, 500), running=4)
+        assert pol.mode is Mode.MB
+        done, updates = ctl.completions, ctl.updates
+        for _ in range(200):  # no request finishes: only the batch grows
+            ctl.observe(report(running=1024, max_running=2048))
+            now += 0.01
+            pol = ctl.update(now)
+        assert ctl.completions == done and pol.mode is want, (shift, pol.estimates.n_obs)
+        assert (ctl.updates > updates) == (want is Mode.EB)
+
+
 def test_eb_plus_without_mixed_costs_stays_eb_and_says_why():
     ctl = Controller(ControllerParams(mode="eb+", update_every=50))
     pol, _ = feed(ctl, [100] * 100, [100] * 100)
