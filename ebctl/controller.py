@@ -207,10 +207,13 @@ class Controller(Steering):
         return self.online_costs.choose(self.base_costs, self.base_cost_source, needs_mixed=needs_mixed,
                                         enabled=self.params.cost_online)
 
+    def _choices(self) -> list[CostChoice]:
+        """The costs of Eq. 3-6, and in eb+ those of Eq. 8."""
+        return [self.cost_choice()] + ([self.eq8_cost_choice()] if self.params.mode == "eb+" else [])
+
     def cost_fits(self) -> dict:
         """Per kind, the online fit and whether Eq. 3-6 or eb+'s Eq. 8 use it (``OnlineCosts.status``)."""
-        choices = [self.cost_choice()] + ([self.eq8_cost_choice()] if self.params.mode == "eb+" else [])
-        return self.online_costs.status(*choices)
+        return self.online_costs.status(*self._choices())
 
     def costs(self) -> tuple[model.Costs, str]:
         """(the costs of Eq. 3-6, their source: ``online``, ``profile:NAME`` or ``default``)."""
@@ -420,13 +423,14 @@ class Controller(Steering):
         eb+'s Eq. 8 (None in other modes); ``theta_method``; ``tuner`` (the
         measured search: state, arm, every recent trial, ``ebctl.tuner``) and ``probes`` (eb+'s runs of the
         other mode: count, seconds, share, ``ebctl.probe``)."""
-        choice, eq8 = self.cost_choice(), self.eq8_cost_choice() if self.params.mode == "eb+" else None
+        choices = self._choices()
+        choice, eq8 = choices[0], choices[1] if len(choices) > 1 else None
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
                 "n_obs": self.n_obs.value, "eq8_band": self.eq8_band, "kv_total": self.kv_total,
                 "n_limit": self.n_limit,
                 "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
                 "eq8_cost_reason": None if eq8 is None else f"{eq8.source}: {eq8.reason}",
-                "cost_fits": self.cost_fits(), "theta_method": self.params.theta_method,
+                "cost_fits": self.online_costs.status(*choices), "theta_method": self.params.theta_method,
                 "tuner": self.tuner.status() if self.measured else None,
                 "probes": self.probe.status(self.last_wall if math.isfinite(self.last_wall) else 0.0)}
