@@ -35,6 +35,10 @@ from ebctl.protocol import BatchKind, IterationReport
 
 KINDS = (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED)
 _REFIT_SHARE = 10  # refit a kind once 1/10 of its window is new: a 2,000-row fit costs ~1 ms, not every update
+# A decode intercept under this share of the mean decode step is not identified by the batch sizes seen (the
+# fit extrapolates far below them): Eq. 3's θ0 would be its artefact. On simulated H200 at N >= 256 the fit's
+# α_d came out 0 or 1e-5 s (0.03% of a 30 ms step) by turns, and θ moved between 0.37 and 0.8 with it.
+MIN_ALPHA_D_SHARE = 0.01
 
 
 class IterationWindow:
@@ -159,6 +163,12 @@ class OnlineCosts:
         f = self.fits[kind]
         return f is not None and f.cost is not None and f.quality.ok
 
+    def intercept_identified(self) -> bool:
+        """The decode fit passed and its intercept (α_d, ``paper_costs``) is at least MIN_ALPHA_D_SHARE of its
+        mean step: below that the batch sizes seen do not pin it down, and Eq. 3 cannot use the online costs."""
+        f = self.fits[BatchKind.DECODE]
+        return self.passed(BatchKind.DECODE) and f.cost.intercept_s > MIN_ALPHA_D_SHARE * f.mean_s
+
     def why(self, kind: BatchKind) -> str:
         f = self.fits[kind]
         if f is None:
@@ -182,10 +192,14 @@ class OnlineCosts:
             return CostChoice(base, base_source, "until the online fits pass (" + "; ".join(waiting) + ")")
         c = paper_costs(self.iteration_costs(), prefill=self.shapes[BatchKind.PREFILL],
                         decode=self.shapes[BatchKind.DECODE], mixed=self.shapes[BatchKind.MIXED])
-        if not (c.alpha_d > 0 and all(math.isfinite(v) and v >= 0 for v in (c.alpha_p, c.beta_p, c.beta_d))):
-            return CostChoice(base, base_source, f"online fits pass but give alpha_d={c.alpha_d:.3g}, "
-                              f"alpha_p={c.alpha_p:.3g}, beta_p={c.beta_p:.3g}, beta_d={c.beta_d:.3g}: "
-                              "Eq. 3 needs alpha_d > 0")
+        if not all(math.isfinite(v) and v >= 0 for v in (c.alpha_p, c.beta_p, c.beta_d)):
+            return CostChoice(base, base_source, f"online fits pass but give alpha_p={c.alpha_p:.3g}, "
+                              f"beta_p={c.beta_p:.3g}, beta_d={c.beta_d:.3g}")
+        if not self.intercept_identified():
+            return CostChoice(base, base_source, f"online fits pass but give alpha_d={c.alpha_d:.3g} s, under "
+                              f"{MIN_ALPHA_D_SHARE:.0%} of the mean decode step "
+                              f"({self.fits[BatchKind.DECODE].mean_s:.3g} s): the intercept is not identified at "
+                              "these batch sizes, and Eq. 3 needs it")
         errs = ", ".join(f"{k} {self.fits[k].quality.median_rel_err:.1%}" for k in need)
         return CostChoice(c, "online", f"online fits passed (median held-out error: {errs})", tuple(need))
 

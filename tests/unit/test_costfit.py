@@ -141,11 +141,19 @@ def test_eb_plus_needs_the_mixed_fit_too():
 
 
 def test_online_fits_that_give_no_decode_intercept_are_not_used():
+    """Eq. 3 divides by α_d: an intercept of 0, or one under 1% of the mean decode step (not identified by
+    the batch sizes seen), sends the choice back to the profile's costs; 2% of it is used."""
     oc = fed(eb_stream(np.random.default_rng(3), 100))
     q = Quality(True, 0.01, 0.5, 50, "ok")
-    oc.fits[D] = PhaseFit(PhaseCost(decode_req_s=1e-4), q, ("decode_reqs",), 250)  # α_d = 0: Eq. 3 divides by it
-    c = oc.choose(BASE, "default", needs_mixed=False)
-    assert c.costs == BASE and "alpha_d > 0" in c.reason
+    step = 0.02  # the mean decode step of the fit's iterations
+    for alpha_d, used in ((0.0, False), (0.005 * step, False), (0.02 * step, True)):
+        oc.fits[D] = PhaseFit(PhaseCost(intercept_s=alpha_d, decode_req_s=1e-4), q, ("decode_reqs",), 250, step)
+        c = oc.choose(BASE, "default", needs_mixed=False)
+        assert (c.source == "online") is used, (alpha_d, c.reason)
+        if not used:
+            assert c.costs == BASE and "not identified" in c.reason and "Eq. 3 needs it" in c.reason
+        else:
+            assert c.costs.alpha_d == alpha_d
     assert oc.choose(BASE, "default", needs_mixed=False, enabled=False).reason.endswith("cost_online = false)")
 
 
