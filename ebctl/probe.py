@@ -6,6 +6,8 @@ engine in MB runs few prefill-only ones): without help, the fit of the other mod
 long ago. A probe runs the other mode for ``probe_s`` seconds, only when
 
 * the fit that mode would feed is missing (not passed) or stale (no iteration of its kind for ``stale_s``),
+  and, for the mixed fit, Eq. 8 could use it: the online decode fit's intercept is identified
+  (``OnlineCosts.intercept_identified``; Eq. 8 takes the three online fits or none),
 * no mode switch is cooling down (the controller's ``mode_cooldown``), the engine is saturated, and no
   measured-θ trial runs unless the fit never passed (the controller's ``Steering._probe``), and
 * the probes so far stay within ``share`` of the time: the next one starts at least ``probe_s / share`` after

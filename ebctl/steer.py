@@ -71,7 +71,10 @@ class Steering:
         every prefill into the decode batch and runs few prefill-only iterations. A probe starts only while
         the engine is saturated (requests waited in ≥ 90% of the recent iterations, ``SATURATED_SHARE``): below
         saturation the mode does not change throughput, and a probe would only cost latency (an mb probe at
-        c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%)."""
+        c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%). No mb probe while the decode fit's
+        intercept is not identified (``OnlineCosts.intercept_identified``): Eq. 8 stays on the profile's costs
+        then, whatever the mixed fit says, and on simulated RTX PRO 6000 (dist-shift phase 1, N ≈ 460, α_d
+        1e-6 s of a 0.1 s step) three such probes cost eb+ 1% of the phase's throughput for nothing."""
         p = self.params
         if p.mode != "eb+" or not p.cost_online:
             self.probe.stop(now)
@@ -83,7 +86,7 @@ class Steering:
         need, target = "", None
         if not self.waiting_share.value >= SATURATED_SHARE:  # NaN (nothing seen yet) included
             return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end
-        if running is not Mode.MB and not self.mixed_unavailable and oc.passed(BatchKind.DECODE):
+        if running is not Mode.MB and not self.mixed_unavailable and oc.intercept_identified():
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
         if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)

@@ -51,9 +51,9 @@ def test_costfit_says_when_a_fit_is_missing_or_stale():
     assert oc.missing(BatchKind.MIXED, 100.0, 600.0).startswith("mixed fit missing (0 iterations < 20")
 
 
-def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE, waiting=5):
-    """EB-like traffic, saturated unless ``waiting`` is 0: decode steps with one completion each, a prefill every
-    10, timed."""
+def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE, waiting=5, alpha_d=0.01):
+    """EB-like traffic, saturated unless ``waiting`` is 0: decode steps (intercept ``alpha_d``) with one completion
+    each, a prefill every 10, timed."""
     rng = np.random.default_rng(1)
     t, pol = t0, ctl.policy
     for i in range(steps):
@@ -62,8 +62,8 @@ def _drive(ctl, t0, steps, *, kind=BatchKind.DECODE, waiting=5):
             tok = int(rng.integers(500, 4000))
             t += 0.002 + 2e-5 * tok
             ctl.observe(_it(BatchKind.PREFILL, t, prefill=tok, forward=0.002 + 2e-5 * tok, waiting=waiting))
-        t += 0.01 + 1e-4 * n
-        ctl.observe(_it(kind, t, decode=n, forward=0.01 + 1e-4 * n, waiting=waiting,
+        t += alpha_d + 1e-4 * n
+        ctl.observe(_it(kind, t, decode=n, forward=alpha_d + 1e-4 * n, waiting=waiting,
                         finished=(FinishedRequest(300, int(rng.geometric(0.01))),)))
         pol = ctl.update(t)
     return pol, t
@@ -102,6 +102,20 @@ def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
     assert idle.update(t + 8.0).mode is not Mode.MB and idle.probe.count == 0
     _, t = _drive(idle, t + 8.0, 400)
     assert idle.probe.count >= 1 and idle.waiting_share.value > 0.9
+
+
+def test_no_mb_probe_while_the_decode_intercept_is_not_identified():
+    """The same traffic with decode steps that cost 1e-4 s per request and nothing per step: the decode fit
+    passes, but its intercept is under 1% of the mean step, so Eq. 3 and Eq. 8 stay on the profile's costs
+    (Eq. 8 takes the three online fits or none) and a probe for the mixed fit would buy nothing. None runs: on
+    simulated RTX PRO 6000, dist-shift phase 1, three such probes cost eb+ 1% of the phase's throughput."""
+    prm = ControllerParams(mode="eb+", theta_method="paper", update_every=20, min_window=10, probe_s=2.0,
+                           probe_share=0.05, mode_cooldown=0)
+    ctl = Controller(prm)
+    _drive(ctl, 0.0, 400, alpha_d=0.0)
+    oc = ctl.online_costs
+    assert oc.passed(BatchKind.DECODE) and oc.passed(BatchKind.PREFILL) and not oc.intercept_identified()
+    assert ctl.probe.count == 0 and "not identified" in ctl.status()["cost_reason"]
 
 
 def test_measured_starts_at_stock_and_binds_each_policy_version_to_its_arm():
