@@ -108,7 +108,6 @@ class OnlineCosts:
         self.fits: dict[BatchKind, PhaseFit | None] = dict.fromkeys(KINDS)
         self.shapes: dict[BatchKind, Shape] = {k: Shape() for k in KINDS}
         self._fitted_at = dict.fromkeys(KINDS, 0)  # window.total at the last fit
-        self._stale = False  # the settings changed: refit every kind at the next refit
         self._last_kind: BatchKind | None = None
         self.last_seen: dict[BatchKind, float] = dict.fromkeys(KINDS, -math.inf)  # wall time of the newest row
 
@@ -134,30 +133,34 @@ class OnlineCosts:
         return ""
 
     def set_params(self, capacity: int, max_rel_err: float) -> None:
-        """Live reconfiguration: keeps the rows (the newest ``capacity``), refits at the next ``refit``."""
+        """Live reconfiguration: keeps the rows (the newest ``capacity``); every kind with rows is due for a
+        refit (:meth:`due`), one per call of :meth:`refit` as always."""
         if capacity != self.windows[BatchKind.DECODE].capacity or max_rel_err != self.max_rel_err:
-            for w in self.windows.values():
+            for k, w in self.windows.items():
                 w.resize(capacity)
+                self._fitted_at[k] = w.total - len(w)  # as if the whole window were new
             self.max_rel_err = float(max_rel_err)
-            self._stale = True
 
-    def refit(self, *, force: bool = False) -> None:
-        """Refit the kind whose window changed most, once 1/``_REFIT_SHARE`` of it is new: one kind per call,
-        so one controller update pays for one fit at most (~1 ms at 2,000 rows). ``force`` (and the first
-        call after ``set_params``): every kind with rows."""
-        force, self._stale = force or self._stale, False
+    def due(self) -> BatchKind | None:
+        """The kind to refit next: of those with 1/``_REFIT_SHARE`` of their window new since their last fit,
+        the one with the largest new share (the first in KINDS on a tie); None when no fit is due."""
         def new(k: BatchKind) -> int:
             return self.windows[k].total - self._fitted_at[k]
 
-        due = [k for k, w in self.windows.items() if len(w) and (force or new(k) >= max(1, len(w) // _REFIT_SHARE))]
-        if not force and len(due) > 1:
-            due = [max(due, key=lambda k: new(k) / len(self.windows[k]))]
-        for k in due:
+        due = [k for k, w in self.windows.items() if len(w) and new(k) >= max(1, len(w) // _REFIT_SHARE)]
+        return max(due, key=lambda k: new(k) / len(self.windows[k]), default=None)
+
+    def refit(self, *, force: bool = False) -> bool:
+        """Refit the kind :meth:`due` names, if any: one kind per call, so that a controller update pays for one
+        fit at most (~1 ms at 2,000 rows). ``force``: every kind with rows. True when a kind was refitted."""
+        kinds = [k for k, w in self.windows.items() if len(w)] if force else [k for k in (self.due(),) if k is not None]
+        for k in kinds:
             w = self.windows[k]
             x, y = w.rows()
             self.fits[k] = fit_phase(x, y, k, max_rel_err=self.max_rel_err)
             self.shapes[k] = shape(x)
             self._fitted_at[k] = w.total
+        return bool(kinds)
 
     def passed(self, kind: BatchKind) -> bool:
         f = self.fits[kind]

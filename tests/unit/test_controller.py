@@ -280,13 +280,40 @@ def test_costs_fitted_online_replace_the_defaults():
         tok = int(rng.integers(16, 4096))
         ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok,
                            forward_s=a_p + b_p * tok + rng.normal(0, 1e-4)))
-    pol, _ = feed(ctl, [50] * 20, [50] * 20)
+    pol, _ = feed(ctl, [50] * 30, [50] * 30)  # 3 reports: the prefill fit, the decode fit, then the recompute
     costs, source = ctl.costs()
     assert costs.alpha_d == pytest.approx(a_d, rel=0.05) and costs.beta_d == pytest.approx(b_d, rel=0.05)
     assert costs.alpha_p == pytest.approx(a_p, rel=0.1) and costs.beta_p == pytest.approx(b_p, rel=0.05)
     assert source == "online" and pol.estimates.alpha_d == pytest.approx(a_d, rel=0.05)
     assert pol.estimates.cost_source == "online" and ctl.status()["cost_reason"].startswith("online: ")
 
+
+
+def test_a_cost_refit_and_a_recompute_never_share_an_update():
+    """The update budget (2 ms at 2,000 rows) cannot pay for a cost fit and a recompute together: an update that
+    refits one kind's fit leaves the recompute to the next update, one kind per update, the most changed first.
+    An operator's tune or reload (``at_once``) refits every kind due and recomputes in one call."""
+    def filled():
+        ctl = Controller(ControllerParams(update_every=10, min_window=5))
+        for i in range(200):  # prefill: 100 rows; decode: 200
+            n = 1 + i % 200
+            ctl.observe(report(running=n, decode_reqs=n, forward_s=0.02 + 2e-4 * n))
+            if i % 2:
+                ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=16 + 8 * i,
+                                   forward_s=0.003 + 1e-4 * (16 + 8 * i)))
+        ctl.observe(report([FinishedRequest(50, 50)] * 10, running=64))  # W_min and T_upd reached: due
+        return ctl
+
+    ctl, fitted = filled(), lambda c: {k: c.online_costs.fits[k] is not None for k in (BatchKind.PREFILL,
+                                                                                        BatchKind.DECODE)}
+    assert ctl.update(1.0).version == 0 and fitted(ctl) == {BatchKind.PREFILL: True, BatchKind.DECODE: False}
+    assert ctl.update(1.1).version == 0 and fitted(ctl) == {BatchKind.PREFILL: True, BatchKind.DECODE: True}
+    pol = ctl.update(1.2)
+    assert pol.version == 1 and ctl.updates == 1 and pol.estimates.cost_source == "online"
+    assert ctl.update(1.3) is pol  # nothing due: the same policy
+    once = filled()
+    pol = once.update(1.0, at_once=True)
+    assert pol.version == 1 and all(fitted(once).values()) and pol.estimates.cost_source == "online"
 
 def test_switch_costs_reach_alpha_p_through_the_report_stream():
     """The decode step after a refill pays s_d, the refill itself s_p: both once per EB cycle, so the
@@ -320,7 +347,7 @@ def test_profile_costs_stay_whole_until_both_fits_pass():
         ctl.observe(report(running=n, decode_reqs=n, forward_s=(0.02 + 2e-4 * n) * rng.lognormal(0, 0.01)))
         ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=int(rng.integers(16, 4096)),
                            forward_s=0.01 * rng.lognormal(0, 1.5)))
-    pol, _ = feed(ctl, [50] * 20, [50] * 20)
+    pol, _ = feed(ctl, [50] * 30, [50] * 30)
     assert ctl.costs() == (base, "profile:test")
     est = pol.estimates
     assert (est.alpha_p, est.beta_p, est.alpha_d, est.beta_d) == (1e-3, 2e-5, 7e-3, 3e-5)

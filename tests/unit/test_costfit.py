@@ -183,8 +183,9 @@ def test_refit_waits_for_a_tenth_of_the_window_and_set_params_refits():
         oc.observe(r)
     oc.refit()
     assert oc._fitted_at[D] == oc.windows[D].total
-    oc.set_params(50, 0.003)  # a smaller window and a stricter test: refitted at the next refit
-    oc.refit()
+    oc.set_params(50, 0.003)  # a smaller window and a stricter test: every kind due, one per refit
+    assert oc.due() is P and oc.refit() and oc.fits[P].n == len(oc.windows[P]) <= 50 and oc.fits[D].n == 100
+    assert oc.due() is D and oc.refit() and oc.due() is None and not oc.refit()
     assert oc.fits[D].n == 50 and oc.max_rel_err == 0.003 and not oc.passed(D)  # 1% noise: median error ~0.7%
 
 
