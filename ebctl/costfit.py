@@ -142,12 +142,14 @@ class OnlineCosts:
             self.max_rel_err = float(max_rel_err)
 
     def due(self) -> BatchKind | None:
-        """The kind to refit next: of those with 1/``_REFIT_SHARE`` of their window new since their last fit,
-        the one with the largest new share (the first in KINDS on a tie); None when no fit is due."""
+        """The kind to refit next: of those with MIN_SAMPLES rows or more (fewer cannot be fitted) and
+        1/``_REFIT_SHARE`` of their window new since their last fit, the one with the largest new share (the
+        first in KINDS on a tie); None when no fit is due."""
         def new(k: BatchKind) -> int:
             return self.windows[k].total - self._fitted_at[k]
 
-        due = [k for k, w in self.windows.items() if len(w) and new(k) >= max(1, len(w) // _REFIT_SHARE)]
+        due = [k for k, w in self.windows.items()
+               if len(w) >= MIN_SAMPLES and new(k) >= max(1, len(w) // _REFIT_SHARE)]
         return max(due, key=lambda k: new(k) / len(self.windows[k]), default=None)
 
     def refit(self, *, force: bool = False) -> bool:

@@ -206,6 +206,11 @@ def test_one_kind_is_refitted_per_update_the_most_changed_first():
     assert oc._fitted_at == {P: 115, D: 130, M: 0}  # then prefill
     oc.refit()
     assert oc._fitted_at == {P: 115, D: 130, M: 0}  # nothing due
+    for _ in range(19):  # under MIN_SAMPLES (20) rows a kind cannot be fitted, so it is never due
+        oc.observe(rep(M, seconds=3e-2, p_tok=20, p_req=1, d_req=3, ctx=50))
+        assert oc.due() is None
+    oc.observe(rep(M, seconds=3e-2, p_tok=20, p_req=1, d_req=3, ctx=50))
+    assert oc.due() is M and oc.refit() and oc._fitted_at == {P: 115, D: 130, M: 20}
 
 
 def test_fit_report_for_a_profile():
