@@ -63,6 +63,7 @@ class Controller(Steering):
         self.reports = 0
         self.completions = 0
         self.since_update = 0
+        self._cost_refitted = False  # this recompute's one cost fit ran, in the update before it
         self.updates = 0
         self.errors = 0
         self.last_error = ""
@@ -167,9 +168,10 @@ class Controller(Steering):
         """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6); in
         between, re-issue the policy when the tuner switched arms or a probe starts or ends.
 
-        A cost fit due then (``OnlineCosts.due``) is refitted first, in an update of its own (which still
-        re-issues for the tuner or a probe); the recompute follows at the next update, i.e. the engine's next
-        report. No update pays for both: ~1 ms and ~0.7 ms at 2,000 rows, against a 2 ms budget (bench_core).
+        One cost fit due then (``OnlineCosts.due``: at most one kind per recompute) is refitted first, in an
+        update of its own (which still re-issues for the tuner or a probe); the recompute follows at the next
+        update, i.e. the engine's next report. No update pays for both: ~1 ms and ~0.7 ms at 2,000 rows,
+        against a 2 ms budget (bench_core).
         ``at_once`` (an operator's ``tune`` or ``reload``, off the per-report path): every fit due, then the
         recompute, in this call."""
         p = self.params
@@ -178,11 +180,13 @@ class Controller(Steering):
             if due and at_once:
                 while self.online_costs.refit():
                     pass
-            elif due and self.online_costs.refit():
-                due = False  # still due at the next update: ``since_update`` stands
+            elif due and not self._cost_refitted:
+                self._cost_refitted = self.online_costs.refit()
+                due = not self._cost_refitted  # if it refitted: still due at the next update
             if not due and (self.fit is None or self._want(now) == self._published):
                 return self.policy
             if due:
+                self._cost_refitted = False
                 self.since_update = 0
                 self.fit = self._refit(now)
             self.policy = self._issue(now)

@@ -280,7 +280,8 @@ def test_costs_fitted_online_replace_the_defaults():
         tok = int(rng.integers(16, 4096))
         ctl.observe(report(kind=BatchKind.PREFILL, decode_reqs=0, prefill_tokens=tok,
                            forward_s=a_p + b_p * tok + rng.normal(0, 1e-4)))
-    pol, _ = feed(ctl, [50] * 30, [50] * 30)  # 3 reports: the prefill fit, the decode fit, then the recompute
+    # 4 reports, each of T_upd completions: the prefill fit, a recompute, the decode fit, the recompute
+    pol, _ = feed(ctl, [50] * 40, [50] * 40)
     costs, source = ctl.costs()
     assert costs.alpha_d == pytest.approx(a_d, rel=0.05) and costs.beta_d == pytest.approx(b_d, rel=0.05)
     assert costs.alpha_p == pytest.approx(a_p, rel=0.1) and costs.beta_p == pytest.approx(b_p, rel=0.05)
@@ -290,9 +291,10 @@ def test_costs_fitted_online_replace_the_defaults():
 
 
 def test_a_cost_refit_and_a_recompute_never_share_an_update():
-    """The update budget (2 ms at 2,000 rows) cannot pay for a cost fit and a recompute together: an update that
-    refits one kind's fit leaves the recompute to the next update, one kind per update, the most changed first.
-    An operator's tune or reload (``at_once``) refits every kind due and recomputes in one call."""
+    """The update budget (2 ms at 2,000 rows) cannot pay for a cost fit and a recompute together: a recompute's
+    one cost fit (one kind per recompute, the most changed first) runs in the update before it, and the
+    recompute at the next update. An operator's tune or reload (``at_once``) refits every kind due and
+    recomputes in one call."""
     def filled():
         ctl = Controller(ControllerParams(update_every=10, min_window=5))
         for i in range(200):  # prefill: 100 rows; decode: 200
@@ -304,16 +306,21 @@ def test_a_cost_refit_and_a_recompute_never_share_an_update():
         ctl.observe(report([FinishedRequest(50, 50)] * 10, running=64))  # W_min and T_upd reached: due
         return ctl
 
-    ctl, fitted = filled(), lambda c: {k: c.online_costs.fits[k] is not None for k in (BatchKind.PREFILL,
-                                                                                        BatchKind.DECODE)}
-    assert ctl.update(1.0).version == 0 and fitted(ctl) == {BatchKind.PREFILL: True, BatchKind.DECODE: False}
-    assert ctl.update(1.1).version == 0 and fitted(ctl) == {BatchKind.PREFILL: True, BatchKind.DECODE: True}
-    pol = ctl.update(1.2)
-    assert pol.version == 1 and ctl.updates == 1 and pol.estimates.cost_source == "online"
-    assert ctl.update(1.3) is pol  # nothing due: the same policy
+    def fitted(c):
+        return [k for k in (BatchKind.PREFILL, BatchKind.DECODE) if c.online_costs.fits[k] is not None]
+
+    ctl = filled()
+    assert ctl.update(1.0).version == 0 and fitted(ctl) == [BatchKind.PREFILL]  # a fit, no recompute
+    pol = ctl.update(1.1)  # the recompute, no fit: the decode fit waits for the next recompute
+    assert pol.version == 1 and ctl.updates == 1 and fitted(ctl) == [BatchKind.PREFILL]
+    assert pol.estimates.cost_source == "default" and ctl.update(1.2) is pol  # nothing due
+    ctl.observe(report([FinishedRequest(50, 50)] * 10, running=64))  # T_upd more completions
+    assert ctl.update(1.3) is pol and fitted(ctl) == [BatchKind.PREFILL, BatchKind.DECODE]
+    pol = ctl.update(1.4)
+    assert pol.version == 2 and ctl.updates == 2 and pol.estimates.cost_source == "online"
     once = filled()
     pol = once.update(1.0, at_once=True)
-    assert pol.version == 1 and all(fitted(once).values()) and pol.estimates.cost_source == "online"
+    assert pol.version == 1 and len(fitted(once)) == 2 and pol.estimates.cost_source == "online"
 
 def test_switch_costs_reach_alpha_p_through_the_report_stream():
     """The decode step after a refill pays s_d, the refill itself s_p: both once per EB cycle, so the
@@ -330,7 +337,7 @@ def test_switch_costs_reach_alpha_p_through_the_report_stream():
         for i in range(int(rng.integers(2, 10))):
             ctl.observe(report(decode_reqs=n, running=n, forward_s=(a_d + b_d * n + s_d * (i == 0))
                                * rng.lognormal(0, 0.01)))
-    feed(ctl, [50] * 20, [50] * 20)
+    feed(ctl, [50] * 40, [50] * 40)
     costs, source = ctl.costs()
     assert source == "online"
     assert costs.alpha_p == pytest.approx(a_p + s_p + s_d, rel=0.1)
