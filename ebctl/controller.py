@@ -168,12 +168,11 @@ class Controller(Steering):
         """Recompute when T_upd completions arrived and the window holds W_min (Algorithm 1, line 6); in
         between, re-issue the policy when the tuner switched arms or a probe starts or ends.
 
-        One cost fit due then (``OnlineCosts.due``: at most one kind per recompute) is refitted first, in an
-        update of its own (which still re-issues for the tuner or a probe); the recompute follows at the next
+        A recompute refreshes one cost fit at most (the kind ``OnlineCosts.due`` names), in an update of its
+        own just before it (which still re-issues for the tuner or a probe); the recompute follows at the next
         update, i.e. the engine's next report. No update pays for both: ~1 ms and ~0.7 ms at 2,000 rows,
-        against a 2 ms budget (bench_core).
-        ``at_once`` (an operator's ``tune`` or ``reload``, off the per-report path): every fit due, then the
-        recompute, in this call."""
+        against a 2 ms budget (bench_core). ``at_once`` (an operator's ``tune`` or ``reload``, off the
+        per-report path): every fit due, then the recompute, in this call."""
         p = self.params
         due = len(self.window) >= p.min_window and (self.since_update >= p.update_every or self._n_obs_moved())
         try:

@@ -289,7 +289,6 @@ def test_costs_fitted_online_replace_the_defaults():
     assert pol.estimates.cost_source == "online" and ctl.status()["cost_reason"].startswith("online: ")
 
 
-
 def test_a_cost_refit_and_a_recompute_never_share_an_update():
     """The update budget (2 ms at 2,000 rows) cannot pay for a cost fit and a recompute together: a recompute's
     one cost fit (one kind per recompute, the most changed first) runs in the update before it, and the
@@ -321,6 +320,7 @@ def test_a_cost_refit_and_a_recompute_never_share_an_update():
     once = filled()
     pol = once.update(1.0, at_once=True)
     assert pol.version == 1 and len(fitted(once)) == 2 and pol.estimates.cost_source == "online"
+
 
 def test_switch_costs_reach_alpha_p_through_the_report_stream():
     """The decode step after a refill pays s_d, the refill itself s_p: both once per EB cycle, so the
