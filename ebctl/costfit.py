@@ -25,6 +25,7 @@ from ebctl.costmodel import (
     MIN_SAMPLES,
     IterationCosts,
     PhaseFit,
+    Quality,
     Shape,
     fit_phase,
     paper_costs,
@@ -159,7 +160,11 @@ class OnlineCosts:
         for k in kinds:
             w = self.windows[k]
             x, y = w.rows()
-            self.fits[k] = fit_phase(x, y, k, max_rel_err=self.max_rel_err)
+            try:
+                self.fits[k] = fit_phase(x, y, k, max_rel_err=self.max_rel_err)
+            except Exception as e:  # a failed fit, not a stalled controller that retries it at every report
+                self.fits[k] = PhaseFit(None, Quality(False, math.nan, math.nan, 0,
+                                                      f"fit failed: {type(e).__name__}: {e}"), (), len(y))
             self.shapes[k] = shape(x)
             self._fitted_at[k] = w.total
         return bool(kinds)

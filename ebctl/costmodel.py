@@ -334,10 +334,12 @@ class _Relative:
         gram, h = self.gram[sels[:, :, None], sels[:, None, :]], self.h[sels]
         try:
             low = np.linalg.cholesky(gram)
+            # Cholesky can accept an exactly singular aᵀa (two equal columns of norm² 7: its last pivot rounds
+            # to +4e-16) that LU then refuses: both inside the try
+            free = np.linalg.solve(gram, h[:, :, None])[:, :, 0]
         except np.linalg.LinAlgError:  # one of them is singular: solve each alone
             return np.array([self.l2(list(s)) for s in sels])
         d = np.diagonal(low, axis1=1, axis2=2)
-        free = np.linalg.solve(gram, h[:, :, None])[:, :, 0]
         alone = (d.min(axis=1) <= 1e-6 * d.max(axis=1)) | (free < 0).any(axis=1)
         coef = free / self.scale[sels]
         for i in np.flatnonzero(alone):
@@ -369,7 +371,10 @@ def _nnls_gram(gram: np.ndarray, h: np.ndarray) -> np.ndarray | None:
     d = np.diag(low)
     if d.min() <= 1e-6 * d.max():
         return None
-    free = np.linalg.solve(gram, h)
+    try:
+        free = np.linalg.solve(gram, h)
+    except np.linalg.LinAlgError:
+        return None
     if (free >= 0).all():  # the unconstrained minimum is feasible, so it is the constrained one (convex)
         return free
     coef, _ = nnls(low.T, np.linalg.solve(low, h), maxiter=50 * len(h))

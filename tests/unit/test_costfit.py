@@ -220,3 +220,16 @@ def test_fit_report_for_a_profile():
     assert rep_["decode"]["n"] == len(oc.windows[D]) and rep_["decode"]["rel_err"] < 0.2
     assert rep_["shape"]["decode"] == oc.shapes[D]._asdict() and set(rep_["shape"]) == {"prefill", "decode"}
     assert isinstance(Shape(**rep_["shape"]["prefill"]), Shape)
+
+
+def test_a_fit_that_raises_is_a_failed_fit_and_not_retried_until_new_rows(monkeypatch):
+    """Fault injection (no known input makes ``fit_phase`` raise since the singular-gram fix): the kind gets a
+    failed fit that says why, and is not due again until a tenth of its window is new."""
+    oc = fed(eb_stream(np.random.default_rng(7), 50))
+
+    def boom(*a, **k):
+        raise np.linalg.LinAlgError("Singular matrix")
+    monkeypatch.setattr("ebctl.costfit.fit_phase", boom)
+    oc.set_params(oc.windows[D].capacity + 1, oc.max_rel_err)  # every kind due
+    assert oc.refit() and oc.refit() and oc.due() is None
+    assert not oc.passed(D) and oc.why(D) == "fit failed: LinAlgError: Singular matrix"

@@ -14,6 +14,7 @@ from ebctl.costmodel import (
     IterationCosts,
     PhaseCost,
     Shape,
+    _Relative,
     fit_phase,
     judge,
     paper_costs,
@@ -304,3 +305,20 @@ def test_the_fits_median_is_numpys():
         assert np.array_equal(_median_rows(v), np.median(v, axis=-1))
         assert _median_rows(v[0]) == np.median(v[0])
     assert _median_rows(np.array([1.0, 9.0, 3.0, 4.0])) == 3.5  # by hand: (3 + 4) / 2
+
+
+def test_an_exactly_singular_gram_that_cholesky_accepts_is_solved_on_the_rows():
+    """Two equal columns (the intercept's and a feature's) over 7 rows: aᵀa = [[7, 7], [7, 7]], whose Cholesky
+    pivot rounds to +4e-16 (accepted) while LU finds it singular. In the daemon, decode rows whose context is
+    exactly 100× their requests made ``ebctl tune calibrate`` fail this way, by turns. Any c ≥ 0 with
+    c0 + c1 = 1 fits y = 1 exactly."""
+    gram = np.full((2, 2), 7.0)
+    np.linalg.cholesky(gram)  # the premise: accepted
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.solve(gram, np.ones(2))
+    x = np.zeros((7, len(FEATURES)))
+    x[:, FEATURES.index("decode_reqs")] = 1.0
+    rel = _Relative(x, np.ones(7))
+    sel = [0, 1 + FEATURES.index("decode_reqs")]
+    for coef in (rel.l2_many(np.array([sel]))[0], rel.l2(sel)):
+        assert (coef >= 0).all() and coef.sum() == pytest.approx(1.0)
