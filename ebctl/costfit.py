@@ -156,7 +156,10 @@ class OnlineCosts:
     def refit(self, *, force: bool = False) -> bool:
         """Refit the kind :meth:`due` names, if any: one kind per call, so that a controller update pays for one
         fit at most (~1 ms at 2,000 rows). ``force``: every kind with rows. True when a kind was refitted."""
-        kinds = [k for k, w in self.windows.items() if len(w)] if force else [k for k in (self.due(),) if k is not None]
+        if force:
+            kinds = [k for k, w in self.windows.items() if len(w)]
+        else:
+            kinds = [] if (next_kind := self.due()) is None else [next_kind]
         for k in kinds:
             w = self.windows[k]
             x, y = w.rows()

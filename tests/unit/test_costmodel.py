@@ -277,7 +277,7 @@ def test_batched_candidate_fits_match_nnls_on_each_candidates_rows(seed):
     repeated: the batched Cholesky fails, every set is then solved alone)."""
     from scipy.optimize import nnls
 
-    from ebctl.costmodel import _design, _Relative
+    from ebctl.costmodel import _design
 
     rng = np.random.default_rng(seed)
     x = rng.random((300, 5)) * [100, 3, 50, 5000, 1]
