@@ -170,6 +170,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
                       0.25, 4.0),
     "tune_recheck": Spec(int, "measured: completions between settling and re-checking the neighbours and stock "
                               "(then twice as long, up to 8×)", 0, 100_000_000),
+    "tune_explore_budget": Spec(float, "measured: share of the time the search may give up to trying arms (a "
+                                       "trial starts only while what exploring cost stays under it)", 0.0, 1.0),
     "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) "
                               "that restarts the search (output length: twice this)", 0.01, 10.0),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),

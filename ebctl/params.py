@@ -63,6 +63,7 @@ class ControllerParams:
     tune_min_effect: float = 0.005  # measured: a challenger must be this much faster to replace the incumbent
     tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
     tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
+    tune_explore_budget: float = 0.01  # measured: share of the time the search may give up to trying arms
     tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
@@ -71,7 +72,7 @@ class ControllerParams:
         return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,
                            min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
                            min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
-                           recheck=self.tune_recheck)
+                           recheck=self.tune_recheck, explore_budget=self.tune_explore_budget)
 
 
 class Fit(NamedTuple):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ebctl.params import Fit
 
 REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
+REACH_FULL = 0.9  # ... where that batch stays below this share of the engine's limit (else it fills the limit)
 
 
 class Steering:
@@ -48,7 +49,7 @@ class Steering:
                     self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
                     self._drift_ref = now
         self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
-                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady)
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady, n=self.n_limit)
 
     def _want(self: Controller, now: float) -> tuple[str, Mode | None]:
         """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
@@ -113,7 +114,10 @@ class Steering:
             theta = self.tuner.theta(arm)
             n = self._eq6(theta, fit.p0, fit.mu_l)
             reach = self.tuner.reach
-            if math.isfinite(reach):  # a batch the engine cannot hold never fills: the refill would never end
+            # A batch the engine cannot hold never fills: the refill would never end. An engine that fills its
+            # limit (the EMA sits a little below it: requests finish between its prefills) needs no cap: at
+            # 16 slots 97% of the reach was 15, and EB(k = 1) ran as stock with a slot fewer.
+            if math.isfinite(reach) and reach < REACH_FULL * limit:
                 n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(self.params.n_floor_frac * self.n_limit), 1))
             n, _ = self._pinned(n, 1)
             out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), self._kv_reserve(n, fit.mu_o))

@@ -55,6 +55,12 @@ HISTORY = 16  # trials kept for status
 # stock measured −0.8%, the next ones steady.
 SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
+MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's own prefill-first rule
+# A challenger window (its settling windows included) this far below the incumbent's last one, in ln-rate, ends
+# the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_SDS times the sd of the incumbent's own windows. On a
+# slow server (the CPU server's windows take ~27 s) waiting for a whole pair doubles what a bad arm costs.
+EARLY_STOP_MIN, EARLY_STOP_SDS = 0.03, 3.0
+REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,7 @@ class TunerParams:
     min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
     step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
     recheck: int = 4000  # completions between settling and the first re-check
+    explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
 
 
 class Tuner:
@@ -104,6 +111,13 @@ class Tuner:
         self._since = 0  # completions since the last cycle boundary of the running arm
         self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
         self.settling = 0  # windows of the running arm still to drop (it follows a switch)
+        self.n = 0  # the engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown
+        self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
+        self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
+        self.explore_s = 0.0  # engine seconds given up to exploring (Ledger in the module docstring)
+        self.explore_run_s = 0.0  # seconds the engine ran a challenger (settling windows included)
+        self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
+        self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
 
     # --- arms -----------------------------------------------------------------------------------------
     def theta(self, arm: str) -> float:
@@ -122,13 +136,22 @@ class Tuner:
     def mode(self, arm: str) -> Mode:
         return Mode.MB if arm == MB else Mode.OFF if arm == STOCK else Mode.EB
 
+    def k(self, arm: str) -> int:
+        """k = ⌊θ·N⌋ of an EB arm at the engine's N (1 for stock and mb, and while N is unknown)."""
+        return max(1, math.floor(self.theta(arm) * self.n + 1e-9)) if arm.startswith("eb@") and self.n else 1
+
     def set_context(self, *, entries: list[float], allow_mb: bool, prefer_mb: bool, mu_l: float = math.nan,
-                    mu_o: float = math.nan, steady: bool = True) -> None:
+                    mu_o: float = math.nan, steady: bool = True, n: int = 0) -> None:
         """From each controller update: the closed-form θs (tried first from stock or mb), whether mb may run,
-        whether Eq. 8 prefers it (then mb is tried first), and the mean prompt and output lengths the windows'
-        rates are weighed with."""
+        whether Eq. 8 prefers it (then mb is tried first), the mean prompt and output lengths the windows'
+        rates are weighed with, and the engine's N. A closed-form θ whose k would be below ``MIN_K`` enters at
+        the smallest grid θ that reaches it (on 16 slots Eq. 3's θ0 of 0.05-0.12 is k = 1: stock)."""
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
-        self.entries = list(dict.fromkeys(self.eb_arm(t) for t in entries))
+        self.n = n
+        arms = [self.eb_arm(t) for t in entries]
+        if n:
+            arms = [a if self.k(a) >= MIN_K else self._lowest() for a in arms]
+        self.entries = [a for a in dict.fromkeys(arms) if a]
         self.prefer_mb = prefer_mb
         if allow_mb != self.allow_mb:
             self.allow_mb = allow_mb
@@ -138,15 +161,31 @@ class Tuner:
                     self.incumbent = STOCK
                 self._end_trial("aborted", "mb no longer available")
 
+    def _lowest(self) -> str:
+        """The smallest grid θ whose k reaches MIN_K at the engine's N ("" if none does)."""
+        for i in range(self.top, -1, -1):
+            if self.k(f"eb@{i}") >= MIN_K:
+                return f"eb@{i}"
+        return ""
+
     def neighbours(self) -> list[str]:
-        """The challengers of the incumbent, in the order they are tried."""
+        """The challengers of the incumbent, in the order they are tried. mb only where it differs from stock
+        (the engine can mix, and does not mix on its own already). From EB(θ), a step of ``step`` grid points up
+        and down, going on past points whose k equals the incumbent's (at N = 16 a quarter octave often maps
+        to the same k); a k below MIN_K is stock."""
         inc = self.incumbent
-        mb = [MB] if self.allow_mb else []
+        mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
             return [*([STOCK] if inc == MB else mb), *self.entries]
-        i = int(inc[3:])
-        up = f"eb@{max(i - self.step, 0)}" if i > 0 else None
-        down = f"eb@{i + self.step}" if i + self.step <= self.top else STOCK
+        i, k = int(inc[3:]), self.k(inc)
+
+        def other(js: range) -> str | None:  # the first grid point of js whose k differs from the incumbent's
+            return next((f"eb@{j}" for j in js if not self.n or self.k(f"eb@{j}") != k), None)
+
+        up = other(range(max(i - self.step, 0), -1, -1)) if i > 0 else None
+        down = other(range(i + self.step, self.top + 1)) if i + self.step <= self.top else None
+        if down is None or (self.n and self.k(down) < MIN_K):
+            down = STOCK
         order = [down, up] if self.direction < 0 else [up, down]
         return [a for a in order if a is not None]
 
@@ -162,7 +201,11 @@ class Tuner:
         """One iteration: attribute it to the arm whose policy the engine applied, extend or close windows."""
         last, self._last = self._last, r
         start, self._last_wall = self._last_wall, r.wall_time
+        if math.isnan(self.first_wall):
+            self.first_wall = r.wall_time
         applied = self._versions.get(r.policy_version)
+        if r.kind is BatchKind.MIXED and (applied is None or applied.mode is Mode.OFF):
+            self.stock_mixes = True  # no policy asked for it: the engine was launched mixing
         if r.kind is BatchKind.DECODE and r.waiting > 0 and (applied is None or applied.mode is not Mode.EB):
             # no gate held anyone back: the engine's own admission stopped at this batch (slots or KV)
             self.reach = r.running if math.isnan(self.reach) else self.reach + REACH_ALPHA * (r.running - self.reach)
@@ -226,12 +269,27 @@ class Tuner:
         self.settling = max(self.settling, SETTLE_OWN if self.arm in (STOCK, MB) else SETTLE_EB)
 
     def _closed(self, w: Window) -> None:
-        """A window of the running arm closed: drop it (settling), file it in the trial and decide, or start a
-        trial."""
+        """A window of the running arm closed: count what it cost, drop it (settling), end a trial whose challenger
+        is clearly slower, file it in the trial and decide, or start a trial."""
         self.saturated = w.saturated
         t = self.trial
         if t is None:
             self.gap -= w.completions
+        rate = w.rate(self.mu_l, self.mu_o)
+        ln = math.log(rate) if rate > 0 else math.nan  # NaN: no busy time
+        ref = self.ref_lns[-1] if self.ref_lns else math.nan
+        if w.arm != self.incumbent or self.settling:  # exploring, or the way back from it (Ledger)
+            if w.arm != self.incumbent:
+                self.explore_run_s += w.seconds
+            if math.isfinite(ln - ref) and w.saturated:
+                self.explore_s += w.seconds * max(0.0, 1.0 - math.exp(ln - ref))
+        elif math.isfinite(ln) and w.saturated:
+            self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
+        if t is not None and w.arm == t.challenger and w.saturated and ln - ref < -self.early_stop_bar:
+            sd = self.early_stop_bar / EARLY_STOP_SDS
+            self._end_trial("lose", f"clearly slower: {math.expm1(ln - ref):+.1%} in one window",
+                            measured=(ln - ref, sd * sd))
+            return
         if self.settling:
             self.settling -= 1
             return
@@ -251,17 +309,39 @@ class Tuner:
             v = verdict(d, prior_sd=self.prior_sd, min_pairs=self.p.min_pairs, max_pairs=self.p.max_pairs,
                         min_effect=self.p.min_effect)
             if v.decision:
+                measured = (v.effect, self._effect_var(d))
                 self._pool(d)
-                self._end_trial(v.decision, "", verdict_=v)
+                self._end_trial(v.decision, "", verdict_=v, measured=measured)
                 if self.gap <= 0 and self.trial is None:  # still searching: the next trial starts at once
                     self._start_trial(w)
                 return
         self._run(t.arm())
 
     @property
+    def early_stop_bar(self) -> float:
+        """How far (ln-rate) one challenger window must fall below the incumbent's last to end a trial at once:
+        EARLY_STOP_MIN, or EARLY_STOP_SDS sd of the incumbent's own recent windows if that is more."""
+        lns = self.ref_lns
+        sd = float(np.std(lns, ddof=1)) if len(lns) >= 3 else 0.0
+        return max(EARLY_STOP_MIN, EARLY_STOP_SDS * sd)
+
+    def budget_left(self) -> float:
+        """Engine seconds the search may still give up: ``explore_budget`` of the time since the first report,
+        less what exploring has cost. A trial starts only while this is positive, so the share given up
+        stays within the budget plus one trial."""
+        elapsed = self._last_wall - self.first_wall
+        return self.p.explore_budget * elapsed - self.explore_s if math.isfinite(elapsed) else 0.0
+
+    @property
     def prior_sd(self) -> float:
         """The pooled sd of a pair's ln-ratio over earlier trials (PRIOR_SD before any), shrunk the same way."""
         return math.sqrt((self.pooled_ss + PRIOR_PAIRS * PRIOR_SD**2) / (self.pooled_df + PRIOR_PAIRS))
+
+    def _effect_var(self, d: np.ndarray) -> float:
+        """The variance of mean(d), with the sd shrunk towards the pooled one as in ``trial.verdict``."""
+        n = len(d)
+        ss = float(((d - d.mean()) ** 2).sum())
+        return (ss + PRIOR_PAIRS * self.prior_sd**2) / (n - 1 + PRIOR_PAIRS) / n
 
     def _pool(self, d: np.ndarray) -> None:
         if len(d) > 1:
@@ -271,6 +351,8 @@ class Tuner:
     def _start_trial(self, last: Window) -> None:
         """The next challenger of the incumbent; ``last``, the window just measured, is the trial's A0 when it
         is the incumbent's."""
+        if self.budget_left() <= 0:  # the exploration budget is spent: stay until it has accrued again
+            return
         options = [a for a in self.neighbours() if a not in self.tried and a != self.incumbent]
         if self.settled:  # a re-check: the neighbours and stock in turn
             every = list(dict.fromkeys(a for a in [*self.neighbours(), STOCK] if a != self.incumbent))
@@ -300,20 +382,25 @@ class Tuner:
             self.gap = self.recheck_gap
         self.tried.clear()
 
-    def _end_trial(self, decision: str, why: str, *, verdict_: Verdict | None = None, record: bool = True) -> None:
+    def _end_trial(self, decision: str, why: str, *, verdict_: Verdict | None = None, record: bool = True,
+                   measured: tuple[float, float] | None = None) -> None:
+        """End the trial in progress. ``measured``: the challenger's ln ratio to the incumbent and its variance,
+        which carry the incumbent's gain against stock (``gain``)."""
         t = self.trial
         self.trial = None
         if t is None:
             self._run(self.incumbent)
             return
+        if measured is not None and decision in ("win", "lose"):
+            self._carry_gain(t, decision, *measured)
         self.counts["won" if decision == "win" else "lost" if decision == "lose" else "aborted"] += 1
         if record:
             d = t.diffs()
+            effect = measured[0] if measured is not None else math.nan
             self.history = [*self.history[-(HISTORY - 1):], {
                 "incumbent": t.incumbent, "challenger": t.challenger, "theta_incumbent": self.theta(t.incumbent),
                 "theta_challenger": self.theta(t.challenger), "started": t.started, "pairs": len(d),
-                "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(verdict_.effect) if verdict_ else
-                math.nan, "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision,
+                "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(effect), "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision,
                 "why": why}]
         if decision == "win":
             old, new = t.incumbent, t.challenger
@@ -330,6 +417,32 @@ class Tuner:
             if self.settled:
                 self._rest()
         self._run(self.incumbent)
+
+    def _carry_gain(self, t: Trial, decision: str, effect: float, var: float) -> None:
+        """The incumbent's gain against stock after a decided trial: measured directly when one of the two arms
+        was stock; after a win of EB over EB, the chain of the two measured steps (ln ratios add, variances
+        too)."""
+        if decision == "win":
+            if t.challenger == STOCK:
+                self.gain_ln, self.gain_var = 0.0, 0.0
+            elif t.incumbent == STOCK:
+                self.gain_ln, self.gain_var = effect, var
+            else:
+                self.gain_ln, self.gain_var = self.gain_ln + effect, self.gain_var + var
+        elif t.challenger == STOCK:  # stock lost to the incumbent: the incumbent's gain, measured again
+            self.gain_ln, self.gain_var = -effect, var
+
+    def gain(self) -> dict[str, float]:
+        """What the incumbent buys against stock by the trials' measurements: the ratio − 1 with its 95% interval
+        (0 at stock), and the share of the time given up to exploring so far (``explore_s`` over the time since
+        the first report; ``explore_run_s``: the time challengers ran)."""
+        half = 1.96 * math.sqrt(self.gain_var)
+        elapsed = self._last_wall - self.first_wall
+        share = self.explore_s / elapsed if math.isfinite(elapsed) and elapsed > 0 else 0.0
+        return {"vs_stock": math.expm1(self.gain_ln), "low": math.expm1(self.gain_ln - half),
+                "high": math.expm1(self.gain_ln + half), "explore_cost_s": self.explore_s,
+                "explore_share": share, "explore_run_s": self.explore_run_s,
+                "elapsed_s": elapsed if math.isfinite(elapsed) else 0.0, "budget_left_s": self.budget_left()}
 
     def reset(self, reason: str) -> None:
         """The workload moved: drop the trial and the window, search again from the incumbent."""
@@ -350,7 +463,9 @@ class Tuner:
             return "warming up"
         if not self.saturated:
             return "waiting for saturation"
-        return "settled" if self.settled else "searching"
+        if self.settled:
+            return "settled"
+        return "searching" if self.budget_left() > 0 else "exploration budget spent"
 
     def status(self) -> dict[str, Any]:
         """For ``ebctl status`` and the metrics: the search's state, the arm running, the trial in progress,
@@ -365,5 +480,6 @@ class Tuner:
             "window": None if w is None else {"arm": w.arm, "completions": w.completions,
                                               "need": self.p.window},
             "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.prior_sd,
-            "reset_reason": self.reset_reason, **self.counts, "history": list(self.history),
+            "reset_reason": self.reset_reason, **self.counts, "history": list(self.history), "gain": self.gain(),
+            "stock_mixes": self.stock_mixes,
         }

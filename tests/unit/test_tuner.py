@@ -128,6 +128,9 @@ def test_the_tuner_climbs_to_the_fastest_arm_and_settles():
     assert t.incumbent == fastest, t.history
     assert t.counts["won"] >= 2 and t.history[0]["challenger"] == MB and t.history[0]["decision"] == "lose"
     assert any(h["challenger"] == t.eb_arm(0.4) and h["decision"] == "win" for h in t.history)
+    # the gain against stock, chained over the wins (stock → θ 0.4 → θ 0.2): the engine's speed ratio, 1.12
+    g = t.gain()
+    assert g["vs_stock"] == pytest.approx(0.12, abs=0.002) and g["low"] < 0.12 < g["high"]
 
 
 def test_stock_stays_when_nothing_beats_it_and_the_first_window_after_a_switch_is_dropped():
@@ -195,3 +198,68 @@ def test_grid_and_neighbours():
     t.incumbent, t.direction = f"eb@{t.top - 1}", -1
     assert t.neighbours() == [STOCK, f"eb@{t.top - 5}"]  # below θ_min lies stock
     assert t.mode(STOCK) is Mode.OFF and t.mode(MB) is Mode.MB and t.mode("eb@3") is Mode.EB
+
+
+def test_a_clearly_slower_challenger_ends_its_trial_after_one_window_and_its_cost_is_counted():
+    """mb runs at 0.8 of stock's speed: its first window (the settling one) ends the trial, and what it cost is
+    that window's time × (1 − 0.8)."""
+    t = _tuner()
+    t.set_context(entries=[], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 0.8)
+    while t.counts["trials"] == 0 or t.trial is not None:
+        eng.cycle()
+    h = t.history[-1]
+    assert h["challenger"] == MB and h["decision"] == "lose" and h["why"].startswith("clearly slower")
+    assert h["effect"] == pytest.approx(-0.2)
+    # one window of mb: 5 cycles of 10 completions (the first count ≥ 50), each (0.5 + 10 × 0.1) / 0.8 s
+    assert t.explore_run_s == pytest.approx(5 * 1.5 / 0.8)
+    assert t.explore_s == pytest.approx(t.explore_run_s * 0.2)
+    assert t.arm == STOCK and t.gain()["vs_stock"] == 0.0
+
+
+def test_trials_start_only_within_the_exploration_budget():
+    """Every challenger runs 20% slower. With no budget nothing is tried; with 1% the time given up stays
+    within 1% of the run plus one trial, and the next trial waits until the budget has accrued again."""
+    t = Tuner(TunerParams(window=50, explore_budget=0.0))
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    Engine(t, lambda arm: 1.0 if arm == STOCK else 0.8).run(1000)
+    assert t.counts["trials"] == 0 and t.state() == "exploration budget spent" and t.arm == STOCK
+    t = Tuner(TunerParams(window=50, explore_budget=0.01, recheck=100))
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 0.8)
+    starts = []
+    while eng.now < 3000:
+        n = t.counts["trials"]
+        cost_before = t.explore_s
+        eng.cycle()
+        if t.counts["trials"] > n:
+            starts.append((eng.now, cost_before))
+    one_trial = 5 * 1.5 / 0.8 * 0.2  # a window of a 20%-slower arm (test above)
+    assert len(starts) >= 3 and t.incumbent == STOCK
+    assert all(cost <= 0.01 * now for now, cost in starts)  # each trial began with budget left
+    assert t.explore_s <= 0.01 * eng.now + one_trial + 1e-9
+    assert starts[2][0] >= 2 * one_trial / 0.01  # the third waited for two trials' cost to accrue
+
+
+def test_eb_arms_need_k_of_two_at_the_engines_n():
+    """At N = 16, θ = 0.05 is k = 0 and enters at the smallest grid θ with k ≥ 2: 0.8·2^(−10/4) = 0.141, k = 2.
+    Its neighbours an octave away: θ 0.283 (k = 4) above, and below θ 0.071 (k = 1), which is stock."""
+    t = Tuner(TunerParams())
+    t.set_context(entries=[0.05, 0.2], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11, n=16)
+    assert t.entries == ["eb@10", "eb@8"] and t.k("eb@10") == 2 and t.k("eb@8") == 3  # θ 0.2: k = ⌊3.2⌋
+    t.incumbent = "eb@10"
+    assert t.neighbours() == ["eb@6", STOCK]
+    # a quarter-octave step from θ 0.283 (k = 4): 0.336 is k = 5, 0.238 is k = 3; from θ 0.8 (k = 12) up: none
+    t.incumbent, t.step = "eb@6", 1
+    assert t.neighbours() == ["eb@5", "eb@7"] and (t.k("eb@5"), t.k("eb@7")) == (5, 3)
+    # at N = 8 a quarter octave below θ 0.4 (k = 3) is θ 0.336, k = 2; θ 0.283 is k = 2 as well, skipped: 0.238 k = 1
+    t.set_context(entries=[], allow_mb=False, prefer_mb=False, n=8)
+    t.incumbent = "eb@5"
+    assert t.k("eb@5") == 2 and t.neighbours() == ["eb@4", STOCK]
+
+
+def test_mb_is_not_tried_where_the_engine_mixes_on_its_own():
+    t = _tuner()
+    assert MB in t.neighbours()
+    t.observe(_rep(BatchKind.MIXED, 1.0, prefill=100, decode=10, version=-1))  # no policy: the engine's own mixing
+    assert t.stock_mixes and MB not in t.neighbours()
