@@ -400,8 +400,8 @@ class Tuner:
             self.history = [*self.history[-(HISTORY - 1):], {
                 "incumbent": t.incumbent, "challenger": t.challenger, "theta_incumbent": self.theta(t.incumbent),
                 "theta_challenger": self.theta(t.challenger), "started": t.started, "pairs": len(d),
-                "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(effect), "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision,
-                "why": why}]
+                "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(effect),
+                "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision, "why": why}]
         if decision == "win":
             old, new = t.incumbent, t.challenger
             if old.startswith("eb@") and new.startswith("eb@"):
