@@ -16,7 +16,7 @@ import math
 
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
-from ebctl.estimate import Ema, HazardFit, LengthWindow, fit_hazard
+from ebctl.estimate import Ema, HazardFit, LengthWindow, RecentRate, fit_hazard
 from ebctl.params import ControllerParams, Fit, OperatorMode, ThetaMethod
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
@@ -32,6 +32,7 @@ DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
 MODE_Z = 2.0  # eb+ switches only when Eq. 8's margin clears its band by this many standard errors as well
 N_OBS_SHIFT = 1.5  # eb+ updates at once when N_obs moved by this factor since the last update
 WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (eb+ probes only when saturated)
+RATE_HORIZON_S = 60.0  # status: the engine's output tokens/s over this many seconds
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
@@ -51,6 +52,7 @@ class Controller(Steering):
         self.n_obs_at_update = math.nan  # N_obs when the last update ran
         self.decode_step_s = Ema(DECODE_STEP_ALPHA)  # measured seconds per decode iteration
         self.waiting_share = Ema(WAITING_ALPHA)  # share of recent non-idle iterations with requests waiting
+        self.output_rate = RecentRate(RATE_HORIZON_S)  # output tokens/s of the finished requests, now
         self.gate_reasons: dict[str, int] = {}  # the engine's gate decisions by reason (cumulative, as reported)
         self.group_size = 1
         self.mixed_reason = ""
@@ -108,6 +110,7 @@ class Controller(Steering):
         """Ingest one iteration: its finished requests, its running batch, and its cost sample."""
         self.reports += 1
         self.last_wall = r.wall_time
+        self.output_rate.add(r.wall_time, sum(f.output_len for f in r.finished))
         for f in r.finished:
             if self.window.append(f.input_len, f.output_len):
                 self.completions += 1
@@ -446,4 +449,5 @@ class Controller(Steering):
                 "eq8_cost_reason": None if eq8 is None else f"{eq8.source}: {eq8.reason}",
                 "cost_fits": self.online_costs.status(*choices), "theta_method": self.params.theta_method,
                 "tuner": self.tuner.status() if self.measured else None,
+                "output_tok_s": self.output_rate.value,
                 "probes": self.probe.status(self.last_wall if math.isfinite(self.last_wall) else 0.0)}

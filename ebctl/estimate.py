@@ -9,6 +9,7 @@ Garbage (NaN, inf, negatives, non-integers, absurd sizes) is rejected at the doo
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -238,3 +239,32 @@ class Ema:
 
     def reset(self) -> None:
         self._v = math.nan
+
+
+class RecentRate:
+    """Output tokens per second over the last ``horizon_s`` seconds of reports (what the engine delivers now):
+    the tokens of the requests that finished in the reports after the horizon's first one, over the time
+    between the horizon's first and last report. Time comes in with each sample."""
+
+    def __init__(self, horizon_s: float = 60.0) -> None:
+        self.horizon_s = horizon_s
+        self._samples: deque[tuple[float, int]] = deque()
+        self._tokens = 0  # tokens of every sample but the first one
+
+    def add(self, wall: float, tokens: int) -> None:
+        if not math.isfinite(wall) or (self._samples and wall < self._samples[-1][0]):
+            return  # a clock that went back: skip the sample rather than distort the span
+        if self._samples:
+            self._tokens += tokens
+        self._samples.append((wall, tokens))
+        while len(self._samples) > 1 and wall - self._samples[1][0] >= self.horizon_s:
+            self._samples.popleft()
+            self._tokens -= self._samples[0][1]
+
+    @property
+    def value(self) -> float:
+        """Tokens per second over the span held; NaN under two samples or a zero span."""
+        if len(self._samples) < 2:
+            return math.nan
+        span = self._samples[-1][0] - self._samples[0][0]
+        return self._tokens / span if span > 0 else math.nan

@@ -79,6 +79,10 @@ class DaemonCollector(Collector):
         probes = CounterMetricFamily(f"{PREFIX}_probes", "eb+ probes of the other mode started", labels=["engine"])
         probe_s = CounterMetricFamily(f"{PREFIX}_probe_seconds", "seconds eb+ spent probing the other mode",
                                       labels=["engine"])
+        tok_g = gauge("output_tokens_per_second", "output tokens/s of the requests that finished in the last minute")
+        gain_g = gauge("gain_vs_stock", "measured θ: what the incumbent buys against stock (ratio − 1), by the "
+                       "tuner's trials, with its 95% interval", "which")
+        explore_g = gauge("exploration_cost_share", "measured θ: share of the time given up to trying arms")
         for eid, eng in engines:
             ctl = eng.controller
             pol = ctl.policy
@@ -107,8 +111,13 @@ class DaemonCollector(Collector):
             defer_g.add_metric([eid], pol.max_defer_s)
             group_g.add_metric([eid], ctl.group_size)
             st = ctl.status()
+            tok_g.add_metric([eid], st["output_tok_s"])
             tu = st["tuner"]
             if tu is not None:
+                g = tu["gain"]
+                for which, key in (("estimate", "vs_stock"), ("low", "low"), ("high", "high")):
+                    gain_g.add_metric([eid, which], g[key])
+                explore_g.add_metric([eid], g["explore_share"])
                 arm_g.add_metric([eid, "arm"], tu["theta_arm"])
                 arm_g.add_metric([eid, "incumbent"], tu["theta_incumbent"])
                 kind = tu["arm"] if tu["arm"] in ("stock", "mb") else "eb"
@@ -119,7 +128,8 @@ class DaemonCollector(Collector):
             probes.add_metric([eid], st["probes"]["count"])
             probe_s.add_metric([eid], st["probes"]["seconds"])
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
-                    updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s)
+                    updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s, tok_g, gain_g,
+                    explore_g)
         c = d.counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])

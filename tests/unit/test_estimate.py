@@ -299,3 +299,20 @@ def test_eta_standard_error_is_calibrated():
     surv = np.concatenate([[1.0], np.cumprod(1 - np.minimum(0.004 + 4e-6 * t, 1.0))])
     f = fit_hazard(np.searchsorted(-surv, -rng.random(4000)))
     assert f.eta / f.eta_se > 4
+
+
+def test_recent_rate_is_the_tokens_finished_over_the_last_horizon():
+    from ebctl.estimate import RecentRate
+
+    r = RecentRate(10.0)
+    assert math.isnan(r.value)
+    for t in range(30):  # 5 tokens a second for 30 s, then 20 a second for 5 s
+        r.add(float(t), 5)
+    # the span held: 19 .. 29 s; the 10 reports after its first carry 50 tokens
+    assert r.value == pytest.approx(50 / 10)
+    for t in range(30, 35):
+        r.add(float(t), 20)
+    # 24 .. 34 s: reports 25-29 carry 25 tokens, 30-34 carry 100
+    assert r.value == pytest.approx(125 / 10)
+    r.add(33.0, 1000)  # a clock that went back is skipped
+    assert r.value == pytest.approx(125 / 10)
