@@ -162,6 +162,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "probe_share": Spec(float, "eb+: probes take at most this share of the time", 0.0, 0.5),
     "tune_window": Spec(int, "measured: completions per measurement window (and at least one whole EB cycle)", 10,
                         1_000_000),
+    "tune_window_s": Spec(float, "measured: a window also closes after this many seconds once it holds a quarter "
+                                 "of tune_window (0: completions only)", 0.0, 3600.0),
     "tune_min_pairs": Spec(int, "measured: window pairs before a trial may decide", 1, 1000),
     "tune_max_pairs": Spec(int, "measured: a trial still undecided after this many pairs keeps the incumbent", 1, 1000),
     "tune_min_effect": Spec(float, "measured: a challenger must be this much faster (share) to replace the incumbent",

@@ -58,6 +58,7 @@ class ControllerParams:
     probe_s: float = 3.0  # eb+: one probe of the other mode lasts this long (s); 0: no probes
     probe_share: float = 0.03  # eb+: probes take at most this share of the time
     tune_window: int = 400  # measured: completions per window (and at least one whole EB cycle)
+    tune_window_s: float = 10.0  # measured: ... or this many seconds, once it holds a quarter of tune_window
     tune_min_pairs: int = 1  # measured: window pairs before a trial may decide
     tune_max_pairs: int = 5  # measured: a trial undecided after this many pairs keeps the incumbent
     tune_min_effect: float = 0.005  # measured: a challenger must be this much faster to replace the incumbent
@@ -70,6 +71,7 @@ class ControllerParams:
 
     def tuner(self) -> TunerParams:
         return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,
+                           window_s=self.tune_window_s,
                            min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
                            min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
                            recheck=self.tune_recheck, explore_budget=self.tune_explore_budget)

@@ -55,6 +55,7 @@ HISTORY = 16  # trials kept for status
 # stock measured −0.8%, the next ones steady.
 SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
+MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
 MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's own prefill-first rule
 # A challenger window (its settling windows included) this far below the incumbent's last one, in ln-rate, ends
 # the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_SDS times the sd of the incumbent's own windows. On a
@@ -73,6 +74,7 @@ class TunerParams:
     min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
     step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
     recheck: int = 4000  # completions between settling and the first re-check
+    window_s: float = 10.0  # ... or this many seconds, once it holds window / 4 (0: completions only)
     explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
 
 
@@ -216,7 +218,7 @@ class Tuner:
         self._since += len(r.finished)
         if self._boundary(r, last, applied) or self._since >= LONG_WINDOW * self.p.window:
             self._since = 0
-            if w is not None and w.completions >= self.p.window:
+            if w is not None and self._full(w, r.wall_time):
                 w.end = start
                 self.window = None
                 self._closed(w)
@@ -231,6 +233,13 @@ class Tuner:
         w.add(r, dt)
         if r.waiting > 0 and (applied.mode is not Mode.EB or r.running + r.waiting > applied.n_max):
             w.saturated_s += dt
+
+    def _full(self, w: Window, now: float) -> bool:
+        """A window closes at ``window`` completions, or after ``window_s`` seconds once it holds a quarter of
+        them: on a slow server (the CPU server finishes ~15 requests/s) 400 completions take 27 s, and a trial's
+        settling windows and pairs would run for minutes."""
+        return w.completions >= self.p.window or (now - w.start >= self.p.window_s > 0
+                                                   and w.completions >= self.p.window // MIN_WINDOW_SHARE)
 
     def _boundary(self, r: IterationReport, last: IterationReport | None, a: Applied) -> bool:
         """Does ``r`` open a cycle? Under EB: the first decode step after a refill that the threshold started (a
@@ -295,6 +304,15 @@ class Tuner:
             return
         if t is None:
             if self.saturated and self.gap <= 0 and self.steady:
+                self._start_trial(w)
+            return
+        if (w.arm == t.challenger and w.saturated
+                and ln - ref > self.early_stop_bar + math.log1p(self.p.min_effect)):
+            sd = self.early_stop_bar / EARLY_STOP_SDS
+            self._end_trial("win", f"clearly faster: {math.expm1(ln - ref):+.1%} in one window",
+                            measured=(ln - ref, sd * sd))
+            self.ref_lns = [ln]  # the new incumbent's first window
+            if self.gap <= 0 and self.trial is None:
                 self._start_trial(w)
             return
         if not w.saturated:
@@ -409,6 +427,7 @@ class Tuner:
             else:
                 self.direction = -1 if new == STOCK else 0
             self.incumbent = new
+            self.ref_lns = []  # the old incumbent's windows say nothing of the new one's spread
             self.tried = {old}
             self.settled = False
             self.recheck_gap = self.p.recheck

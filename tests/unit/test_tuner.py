@@ -263,3 +263,33 @@ def test_mb_is_not_tried_where_the_engine_mixes_on_its_own():
     assert MB in t.neighbours()
     t.observe(_rep(BatchKind.MIXED, 1.0, prefill=100, decode=10, version=-1))  # no policy: the engine's own mixing
     assert t.stock_mixes and MB not in t.neighbours()
+
+
+def test_a_clearly_faster_challenger_wins_after_one_measured_window():
+    """EB runs 1.25× stock's speed: after its settling window, its first measured window wins the trial (no
+    second stock window), and the gain against stock is that ratio."""
+    t = _tuner()
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11)
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.25)
+    while t.counts["won"] == 0:
+        eng.cycle()
+    h = t.history[-1]
+    assert h["decision"] == "win" and h["why"].startswith("clearly faster") and len(h["rates"]) == 1  # A0 only
+    assert t.incumbent == t.eb_arm(0.4) and t.gain()["vs_stock"] == pytest.approx(0.25)
+
+
+def test_a_window_also_closes_on_time_once_it_holds_a_quarter():
+    """window = 400 completions or 10 s once it holds 100: the engine finishes 10 requests every 1.5 s, so 10 s
+    hold 70 and the window closes at 100 completions, 15 s; with window = 40 the count comes first (6 s)."""
+    t = Tuner(TunerParams(window=400, window_s=10.0))
+    closed = []
+    t._closed = lambda w: closed.append((w.completions, w.seconds))
+    eng = Engine(t, lambda arm: 1.0)
+    eng.run(100)
+    # stock windows close at any iteration: the first count of >= 100 completions once 10 s have passed
+    assert closed[1][0] == 100 and closed[1][1] == pytest.approx(15.0)  # the first began after the first report
+    t = Tuner(TunerParams(window=40, window_s=10.0))
+    closed = []
+    t._closed = lambda w: closed.append((w.completions, w.seconds))
+    Engine(t, lambda arm: 1.0).run(100)
+    assert closed[1][0] == 40 and closed[1][1] == pytest.approx(6.0)
