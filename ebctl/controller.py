@@ -438,7 +438,9 @@ class Controller(Steering):
         ``cost_reason``, why the costs of Eq. 3-6 come from where they do, ``eq8_cost_reason`` the same for
         eb+'s Eq. 8 (None in other modes); ``theta_method``; ``tuner`` (the
         measured search: state, arm, every recent trial, ``ebctl.tuner``) and ``probes`` (eb+'s runs of the
-        other mode: count, seconds, share, ``ebctl.probe``)."""
+        other mode: count, seconds, share, ``ebctl.probe``); ``output_tok_s``, the engine's output tokens/s over the
+        last minute; ``gain``, what the measured search's incumbent buys against stock with its 95% interval and
+        what exploring has cost (``Tuner.gain``; None without the measured search)."""
         choices = self._choices()
         choice, eq8 = choices[0], choices[1] if len(choices) > 1 else None
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
@@ -449,5 +451,5 @@ class Controller(Steering):
                 "eq8_cost_reason": None if eq8 is None else f"{eq8.source}: {eq8.reason}",
                 "cost_fits": self.online_costs.status(*choices), "theta_method": self.params.theta_method,
                 "tuner": self.tuner.status() if self.measured else None,
-                "output_tok_s": self.output_rate.value,
+                "output_tok_s": self.output_rate.value, "gain": self.tuner.gain() if self.measured else None,
                 "probes": self.probe.status(self.last_wall if math.isfinite(self.last_wall) else 0.0)}
