@@ -1,0 +1,126 @@
+"""tools/ab_real.py's pure core: percentiles, TPOT of a stream, throughput bins and windows, the bootstrap of a
+ratio, the issue's workload and the configuration syntax; expected values worked by hand. No server."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ab():
+    spec = importlib.util.spec_from_file_location("ab_real", REPO / "tools" / "ab_real.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("ab_real", None)
+
+
+def test_module_top_imports_nothing_heavy():
+    path = str(REPO / "tools" / "ab_real.py")
+    code = (f"import importlib.util, sys; s = importlib.util.spec_from_file_location('m', {path!r}); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "print(sorted({'zmq', 'numpy', 'aiohttp', 'ebctl', 'harness'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_percentile_interpolates_between_order_statistics(ab):
+    xs = [4, 1, 3, 2]
+    assert ab.percentile(xs, 50) == 2.5  # position 1.5 between 2 and 3
+    assert ab.percentile(xs, 99) == pytest.approx(3.97)  # position 2.97
+    assert ab.percentile(xs, 0) == 1 and ab.percentile(xs, 100) == 4
+    assert ab.percentile([7.0], 99) == 7.0
+    assert math.isnan(ab.percentile([], 50))
+
+
+def test_tpot_and_ttft_of_a_hand_made_stream(ab):
+    # sent at 10.0; tokens 1 at 10.5, 2 at 10.6, 4 at 10.9 (two in one chunk), 5 at 11.3
+    events = [(10.5, 1), (10.6, 2), (10.9, 4), (11.3, 5)]
+    s = ab.stream_summary(10.0, events)
+    assert s["ttft"] == pytest.approx(0.5)
+    assert s["tpot"] == pytest.approx((11.3 - 10.5) / 4)  # 0.2 s per token after the first
+    assert s["tokens"] == 5 and s["first"] == 10.5 and s["last"] == 11.3
+    assert ab.stream_summary(1.0, [(1.25, 1)])["tpot"] is None  # one token: no TPOT
+    assert ab.stream_summary(1.0, [])["ttft"] is None
+    assert ab.tpot(2.0, 3.0, 3) == 0.5
+
+
+def test_token_histogram_and_windows(ab):
+    hist: list[float] = []
+    ab.add_tokens(hist, [(0.2, 1), (0.7, 3), (2.5, 4)])  # 1 + 2 tokens in [0, 1), 1 token in [2, 3)
+    ab.add_tokens(hist, [(1.1, 2)])  # another request: 2 tokens in [1, 2)
+    assert hist == [3.0, 2.0, 1.0]
+    assert ab.window_rate(hist, 1.0, 0, 3) == pytest.approx(2.0)  # 6 tokens in 3 s
+    assert ab.window_rate(hist, 1.0, 1, 3) == pytest.approx(1.5)
+    assert ab.window_rate(hist, 1.0, 0.5, 1.5) == pytest.approx(1.5 + 1.0)  # half of 3 and half of 2, in 1 s
+    assert ab.window_rate(hist, 1.0, 2, 10) == pytest.approx(1 / 8)  # empty bins past the end count as zero
+    assert math.isnan(ab.window_rate(hist, 1.0, 2, 2))
+    assert ab.bins(hist, 1.0, 2.0, 3.0) == [pytest.approx(2.5), pytest.approx(1.0)]  # [0, 2) and the short [2, 3)
+
+
+def test_bootstrap_of_constant_data_has_a_zero_width_interval(ab):
+    assert ab.bootstrap_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == (2.0, 2.0, 2.0)
+
+
+def test_bootstrap_of_two_runs_against_one(ab):
+    # resamples of [1, 3]: {1,1} mean 1 (1/4), {1,3} mean 2 (1/2), {3,3} mean 3 (1/4); the baseline is 1:
+    # median 2, 2.5th percentile 1, 97.5th 3
+    med, lo, hi = ab.bootstrap_ratio([1.0, 3.0], [1.0], draws=4000, seed=3)
+    assert (med, lo, hi) == (2.0, 1.0, 3.0)
+    assert all(math.isnan(x) for x in ab.bootstrap_ratio([], [1.0]))
+
+
+def test_summary_of_a_run(ab):
+    hist = [10.0] * 10  # 10 tokens/s for 10 s
+    recs = [
+        {"t": 0.0, "end": 2.0, "status": "ok", "ttft": 0.5, "tpot": 0.1},
+        {"t": 1.0, "end": 3.0, "status": "ok", "ttft": 1.5, "tpot": 0.3},
+        {"t": 7.0, "end": 9.0, "status": "ok", "ttft": 0.25, "tpot": None},  # in flight at 8, done in the drain
+        {"t": 7.5, "end": 8.5, "status": "failed", "ttft": None, "tpot": None},
+        {"t": 7.9, "end": None, "status": "unfinished", "ttft": 0.4, "tpot": None},
+    ]
+    s = ab.summarize(recs, hist, 1.0, duration=8.0, last=2.0)
+    assert s["tok_s"] == 10.0 and s["tok_s_last"] == 10.0
+    assert s["ttft_p50"] == 0.5 and s["tpot_p50"] == pytest.approx(0.2)  # over completed requests only
+    assert (s["sent"], s["completed"], s["failed"], s["unfinished"]) == (5, 3, 1, 1)
+    assert (s["in_flight_at_end"], s["completed_in_drain"]) == (3, 1)
+    assert s["output_tokens"] == 100.0 and len(s["bins_30s"]) == 1
+
+
+def test_issue_workload_is_seeded_and_in_range(ab):
+    pairs = ab.issue_workload(480, 0)
+    assert pairs == ab.issue_workload(480, 0) and pairs != ab.issue_workload(480, 1)
+    assert len(pairs) == 480
+    assert all(10 <= i <= 240 and 1 <= o <= 160 for i, o in pairs)
+    big = ab.issue_workload(50_000, 5)
+    assert sum(i for i, _ in big) / len(big) == pytest.approx(131, abs=1.5)
+    assert sum(o for _, o in big) / len(big) == pytest.approx(42, abs=1.0)
+
+
+def test_configuration_syntax(ab):
+    assert ab.parse_config("alone") == {"name": "alone", "engine": "alone", "flags": [], "sets": []}
+    assert ab.parse_config("mixed")["flags"] == ["--enable-mixed-chunk"]
+    assert ab.parse_config("mfsd=4")["flags"] == ["--min-free-slots-delay", "4"]
+    assert ab.parse_config("pdi=2")["flags"] == ["--prefill-decode-interval", "2"]
+    c = ab.parse_config("ebctl:mixed;controller.mode=off; --schedule-policy lpm")
+    assert c["engine"] == "ebctl" and c["sets"] == ["controller.mode=off"]
+    assert c["flags"] == ["--enable-mixed-chunk", "--schedule-policy", "lpm"]
+    assert ab.parse_config("alone:--schedule-conservativeness 0.5")["flags"] == ["--schedule-conservativeness", "0.5"]
+    for bad in ("stock", "alone:controller.mode=off", "ebctl:oops", "mfsd="):
+        with pytest.raises(ValueError):
+            ab.parse_config(bad)
+
+
+def test_status_text_prints_gain_and_exploration_when_present(ab):
+    st = {"engines": {"dp0": {"mode": "eb", "k": 4, "n_max": 16, "gain": {"eb": 0.0312345, "n": 3},
+                              "exploration": 0.1}}}
+    assert ab.status_text(ab.engine_status(st)) == 'mode eb k 4 n_max 16 gain {"eb":0.03123,"n":3} exploration 0.1'
+    assert ab.status_text(ab.engine_status({"engines": {"dp0": {"mode": "off", "k": 1, "n_max": 16}}})) == \
+        "mode off k 1 n_max 16"
+    assert ab.status_text(ab.engine_status(None)) == "no status"

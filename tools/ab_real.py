@@ -1,0 +1,650 @@
+"""The user's A/B on the real SGLang CPU server: the same server with and without ebctl, measured as a user would.
+
+    python tools/ab_real.py [--configs alone,mixed,mfsd=4,ebctl,'ebctl:controller.mode=off'] [--runs 3]
+                            [--duration 480] [--last 240] [--concurrency 24] [--trace FILE|WORKLOAD]
+                            [--requests 480] [--seed 0] [--server-args=--enable-mixed-chunk] [--baseline NAME]
+                            [--status-every 60] [--json FILE] [--venv VENV] [--workdir DIR] [--model DIR] [--quick]
+
+Every run starts the tiny model (tools/sglang_cpu/make_tiny_model.py) FRESH, with torch on one pinned OpenMP
+thread (``SGLANG_CPU_OMP_THREADS_BIND=0``, ``OMP_NUM_THREADS=1``) and the base server args: the harness's CPU
+flags (tools/sglang_cpu/server.py ``BASE_ARGS``: 16 slots, KV 16,384 tokens, ``--sleep-on-idle``) plus
+``--chunked-prefill-size 256``, plus ``--server-args`` (for every configuration, ``alone`` included; write it
+with ``=``, as in ``--server-args='--enable-mixed-chunk --disable-overlap-schedule'``: a value starting with
+``--`` is otherwise taken for an option).
+
+Configurations (``--configs``, comma-separated; each is a HEAD, optionally ``:ITEM;ITEM...``; quote the ``;``):
+
+- ``alone``: sglang without the plugin (``SGLANG_PLUGINS=none``: unset, sglang would load every installed
+  plugin, ebctl included); ``mixed`` = ``alone:--enable-mixed-chunk``; ``mfsd=K`` = ``alone:--min-free-slots-delay
+  K``; ``pdi=N`` = ``alone:--prefill-decode-interval N``;
+- ``ebctl``: ``ebctl start --engine sglang -- <the same args>``, default configuration, cold (a fresh runtime dir
+  every run: the learning period is in the figures);
+- an ITEM is either ``KEY=VALUE`` with a dotted key (an ebctl ``--set``; ebctl configurations only), or extra
+  sglang flags starting with ``--`` (split like a shell line), or one of the shorthands ``mixed``, ``mfsd=K``,
+  ``pdi=N``. E.g. ``'ebctl:controller.mode=off'``, ``'ebctl:mixed;controller.mode=eb'``,
+  ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given.
+
+Configurations run INTERLEAVED: round 1 runs each once in the order given, then round 2, ... (``--runs``).
+
+The client (one process in the sglang venv's python: asyncio on uvloop + aiohttp; about 10% of one core at
+1,000 output tok/s here, printed per run) is a timed CLOSED LOOP:
+``--concurrency`` requests in flight until ``--duration`` seconds have passed; then it sends nothing more and
+waits (up to ``--drain`` s) for what was in flight: those are reported (``in flight at the end``, and how many of
+them completed in the drain); they count as completed when they complete. A request failed on an HTTP error, an
+error in the stream, or a stream that ended before its last token; one still running after the drain is
+``unfinished``. Every request is a FRESH random prompt (``input_ids`` drawn uniformly from the model's
+vocabulary less its special ids: the radix cache never skips a prefill), streamed (``"stream": true``, the SSE
+``data:`` lines parsed), ``ignore_eos`` with ``max_new_tokens`` = the output length, temperature 0. Lengths
+cycle, in order, through ``--requests`` (input, output) pairs, the same list for every run: by default the
+issue's workload (seeded by ``--seed``): inputs ``10 + floor(231 u^0.9)``, u uniform (10-240 tokens, mean
+≈ 131), outputs geometric with mean 43 capped at 160 (mean ≈ 42); ``--trace`` takes a trace CSV or any
+workload name of ``ebctl simulate`` (``ebctl.sim.workloads.load``: rows drawn at random, seeded).
+
+Printed, one line per run as it finishes, then a table per configuration (medians over its runs): output
+tokens/s over the whole load phase (tokens received in [0, duration) / duration) and over its last ``--last``
+seconds, TTFT p50/p99, TPOT p50/p99 (per request: (last token time - first token time) / (tokens - 1)),
+requests completed and failed (summed), and the ratio of output tok/s to the baseline (the first
+configuration, or ``--baseline``): the median of a bootstrap (each configuration's runs resampled, the ratio of
+the means; 10,000 draws) and its 95% interval, for the whole run and for the last part. With one run per
+configuration the interval is zero-width and says nothing. For ``ebctl`` configurations the daemon's status is
+read over its control socket every ``--status-every`` seconds, at the end of the load and after the drain; the
+last read's mode,
+k, n_max and, where the engine's status has them, ``gain`` and ``exploration`` are printed.
+``--json``: everything (per run: the per-request records, throughput per 30-s bin, the status reads).
+
+``--quick`` (CI): ``alone,ebctl``, one run each, 45 s of load, ``--last 20``, status every 15 s (each unless
+given on the command line); the figures are printed, not judged. Each run also costs 30-50 s of server start
+on a 2-core machine. Exit status: 0 unless a run failed to start or a
+request failed or was unfinished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+ISSUE_ARGS = ("--chunked-prefill-size", "256")  # BASE_ARGS has --max-running-requests 16, --max-total-tokens 16384
+SHORTHANDS = {"mixed": ("--enable-mixed-chunk",), "mfsd": ("--min-free-slots-delay",),
+              "pdi": ("--prefill-decode-interval",)}
+BIN_S = 30.0  # the JSON's throughput bins (the learning curve)
+HIST_S = 1.0  # the client's token histogram resolution
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pure core: plain functions of lists (tests/unit/test_ab_stats.py).
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between order statistics (numpy's default); nan for no data."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def tpot(t_first: float, t_last: float, tokens: int) -> float | None:
+    """Time per output token after the first: (last token time - first token time) / (tokens - 1)."""
+    return (t_last - t_first) / (tokens - 1) if tokens >= 2 else None
+
+
+def stream_summary(t_send: float, events: Sequence[tuple[float, int]]) -> dict[str, Any]:
+    """One streamed request: ``events`` are (arrival time, cumulative output tokens) of the chunks that brought
+    tokens. Its TTFT, TPOT, tokens and first/last token times (None where there were no tokens)."""
+    if not events:
+        return {"ttft": None, "tpot": None, "tokens": 0, "first": None, "last": None}
+    (t1, _), (tn, n) = events[0], events[-1]
+    return {"ttft": t1 - t_send, "tpot": tpot(t1, tn, n), "tokens": n, "first": t1, "last": tn}
+
+
+def add_tokens(hist: list[float], events: Sequence[tuple[float, int]], res: float = HIST_S) -> None:
+    """Add each chunk's new tokens to ``hist`` (tokens per bin of ``res`` seconds, bin i = [i res, (i+1) res))."""
+    prev = 0
+    for t, n in events:
+        i = max(0, int(t // res))
+        if i >= len(hist):
+            hist.extend([0.0] * (i + 1 - len(hist)))
+        hist[i] += n - prev
+        prev = n
+
+
+def window_rate(hist: Sequence[float], res: float, a: float, b: float) -> float:
+    """Tokens per second in [a, b) from a histogram of bins of ``res`` seconds (a bin cut by the window counts in
+    proportion to its overlap); nan for an empty window."""
+    if not b > a:
+        return math.nan
+    total = 0.0
+    for i in range(max(0, int(a // res)), min(len(hist), math.ceil(b / res))):
+        lo, hi = i * res, (i + 1) * res
+        overlap = min(hi, b) - max(lo, a)
+        if overlap > 0:
+            total += hist[i] * overlap / res
+    return total / (b - a)
+
+
+def bins(hist: Sequence[float], res: float, width: float, end: float) -> list[float]:
+    """Tokens per second in consecutive bins of ``width`` seconds over [0, end) (the last may be shorter)."""
+    out, a = [], 0.0
+    while a < end - 1e-9:
+        out.append(window_rate(hist, res, a, min(a + width, end)))
+        a += width
+    return out
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, draws: int = 10_000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high) of mean(num*) / mean(den*) over ``draws`` bootstrap resamples (each list resampled with
+    replacement, on its own); the interval is the central ``level`` of those ratios."""
+    if not num or not den:
+        return (math.nan, math.nan, math.nan)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        d = statistics.fmean(rng.choices(den, k=len(den)))
+        n = statistics.fmean(rng.choices(num, k=len(num)))
+        ratios.append(n / d if d else math.nan)
+    tail = (1 - level) / 2 * 100
+    return (percentile(ratios, 50), percentile(ratios, tail), percentile(ratios, 100 - tail))
+
+
+def summarize(records: Sequence[dict[str, Any]], hist: Sequence[float], res: float, duration: float,
+              last: float) -> dict[str, Any]:
+    """One run's figures from the client's records (``t`` send time, ``end`` time it ended or None, ``status``
+    ok/failed/unfinished, ``ttft``, ``tpot``) and token histogram; times relative to the start of the load."""
+    ok = [r for r in records if r["status"] == "ok"]
+    at_end = [r for r in records if r["t"] < duration and (r["end"] is None or r["end"] >= duration)]
+    last = min(last, duration)
+    return {
+        "tok_s": window_rate(hist, res, 0.0, duration),
+        "tok_s_last": window_rate(hist, res, duration - last, duration),
+        "ttft_p50": percentile([r["ttft"] for r in ok], 50), "ttft_p99": percentile([r["ttft"] for r in ok], 99),
+        "tpot_p50": percentile([r["tpot"] for r in ok if r["tpot"] is not None], 50),
+        "tpot_p99": percentile([r["tpot"] for r in ok if r["tpot"] is not None], 99),
+        "sent": len(records), "completed": len(ok),
+        "failed": sum(r["status"] == "failed" for r in records),
+        "unfinished": sum(r["status"] == "unfinished" for r in records),
+        "in_flight_at_end": len(at_end), "completed_in_drain": sum(r["status"] == "ok" for r in at_end),
+        "output_tokens": sum(hist), "bins_30s": bins(hist, res, BIN_S, duration),
+    }
+
+
+def issue_workload(n: int = 480, seed: int = 0) -> list[tuple[int, int]]:
+    """The issue's (input, output) pairs: inputs 10 + floor(231 u^0.9) (10-240, mean ≈ 131), outputs geometric
+    on {1, 2, ...} with mean 43, capped at 160 (mean ≈ 42)."""
+    rng = random.Random(seed)
+    p = 1 / 43
+    out = []
+    for _ in range(n):
+        inp = 10 + int(231 * rng.random() ** 0.9)
+        geo = 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+        out.append((inp, min(geo, 160)))
+    return out
+
+
+def parse_config(text: str) -> dict[str, Any]:
+    """``HEAD[:ITEM;ITEM...]`` (module docstring) → {name, engine: alone|ebctl, flags: [...], sets: [...]}."""
+    def shorthand(item: str) -> list[str] | None:
+        key, eq, val = item.partition("=")
+        if key == "mixed" and not eq:
+            return list(SHORTHANDS["mixed"])
+        if key in ("mfsd", "pdi") and eq and val.strip():
+            return [*SHORTHANDS[key], val.strip()]
+        return None
+
+    head, _, rest = text.strip().partition(":")
+    cfg: dict[str, Any] = {"name": text.strip(), "engine": "ebctl" if head == "ebctl" else "alone", "flags": [],
+                           "sets": []}
+    if head not in ("alone", "ebctl"):
+        flags = shorthand(head)
+        if flags is None:
+            raise ValueError(f"configuration {text!r}: {head!r} is none of alone, ebctl, mixed, mfsd=K, pdi=N")
+        cfg["flags"] += flags
+    for item in filter(None, (x.strip() for x in rest.split(";"))):
+        if item.startswith("--"):
+            cfg["flags"] += shlex.split(item)
+        elif (flags := shorthand(item)) is not None:
+            cfg["flags"] += flags
+        elif "=" in item and "." in item.partition("=")[0]:
+            if cfg["engine"] != "ebctl":
+                raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
+            cfg["sets"].append(item)
+        else:
+            raise ValueError(f"configuration {text!r}: item {item!r} is neither --sglang-flags, KEY=VALUE (dotted "
+                             "key) nor mixed, mfsd=K, pdi=N")
+    return cfg
+
+
+def _rounded(x: Any) -> Any:
+    """Floats to 4 significant digits, inside dicts and lists too (for printing)."""
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_rounded(v) for v in x]
+    return x
+
+
+def fmt(x: float | None, scale: float = 1.0, digits: int = 0) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * scale:,.{digits}f}"
+
+
+def engine_status(snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine's block of a daemon status (the first engine; {} when there is none)."""
+    engines = (snapshot or {}).get("engines") or {}
+    return next(iter(engines.values()), None) or {}
+
+
+def status_text(e: dict[str, Any]) -> str:
+    if not e:
+        return "no status"
+    out = f"mode {e.get('mode', '-')} k {e.get('k', '-')} n_max {e.get('n_max', '-')}"
+    for key in ("gain", "exploration"):
+        if key in e:
+            out += f" {key} {json.dumps(_rounded(e[key]), separators=(',', ':'), default=str)}"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The client: ``python tools/ab_real.py --client SPEC.json`` in the sglang venv (stdlib + aiohttp only).
+
+async def _client(spec: dict[str, Any]) -> dict[str, Any]:
+    import asyncio
+
+    import aiohttp
+    try:
+        from orjson import loads
+    except ImportError:
+        loads = json.loads
+
+    rng = random.Random(spec["seed"])
+    ids, pairs, duration = spec["token_ids"], spec["pairs"], spec["duration"]
+    url = spec["url"] + "/generate"
+    records: list[dict[str, Any]] = []
+    hist: list[float] = []
+    nxt = [0]
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        i = nxt[0] % len(pairs)
+        nxt[0] += 1
+        n_in, n_out = pairs[i]
+        payload = {"input_ids": rng.choices(ids, k=n_in), "stream": True,
+                   "sampling_params": {"max_new_tokens": n_out, "ignore_eos": True, "temperature": 0.0}}
+        rec: dict[str, Any] = {"pair": i, "in": n_in, "out": n_out, "t": time.perf_counter() - t0, "end": None,
+                               "status": "unfinished", "err": None}
+        records.append(rec)
+        events: list[tuple[float, int]] = []
+        prev, done = 0, False
+        try:
+            async with session.post(url, json=payload) as r:
+                if r.status != 200:
+                    rec["status"], rec["err"] = "failed", f"HTTP {r.status}: {(await r.text())[:300]}"
+                    return
+                async for line in r.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    d = loads(body)
+                    if "error" in d:
+                        rec["status"], rec["err"] = "failed", f"stream error: {str(d['error'])[:300]}"
+                        return
+                    n = d["meta_info"]["completion_tokens"]
+                    if n > prev:
+                        events.append((time.perf_counter() - t0, n))
+                        prev = n
+            if done and prev == n_out:
+                rec["status"] = "ok"
+            else:
+                rec["status"] = "failed"
+                rec["err"] = f"stream ended after {prev} of {n_out} tokens{'' if done else ' without [DONE]'}"
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
+            rec["status"], rec["err"] = "failed", f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            if rec["status"] != "unfinished":
+                rec["end"] = time.perf_counter() - t0
+            rec.update({k: v for k, v in stream_summary(rec["t"], events).items() if k in ("ttft", "tpot", "tokens")})
+            for k in ("t", "end", "ttft", "tpot"):  # 10 µs: enough, and a third of the JSON
+                if rec[k] is not None:
+                    rec[k] = round(rec[k], 5)
+            add_tokens(hist, events)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() - t0 < duration:
+            await one(session)
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=spec["drain"])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        tasks = [asyncio.ensure_future(worker(session)) for _ in range(spec["concurrency"])]
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, duration - (time.perf_counter() - t0))
+                                        + spec["drain"])
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return {"records": records, "hist": hist, "res": HIST_S, "wall_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - cpu0}
+
+
+def client_main(spec_path: str) -> int:
+    import asyncio
+
+    spec = json.loads(Path(spec_path).read_text())
+    try:  # sglang depends on uvloop: about a quarter less client CPU than asyncio's own loop
+        import uvloop
+
+        out = uvloop.run(_client(spec))
+    except ImportError:
+        out = asyncio.run(_client(spec))
+    Path(spec["out"]).write_text(json.dumps(out))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The shell: servers, the client subprocess, the daemon's status, the table.
+
+def harness() -> Any:
+    """tests/sglang/harness.py (imports zmq and ebctl; also puts tools/sglang_cpu on sys.path)."""
+    sys.path.insert(0, str(REPO / "tests" / "sglang"))
+    sys.path.insert(0, str(REPO))
+    import harness as h
+
+    return h
+
+
+def model_vocab(model: Path) -> list[int]:
+    """The token ids a prompt may use: the model's vocabulary less the tokenizer's special (added) ids."""
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    special: set[int] = set()
+    tok = model / "tokenizer.json"
+    if tok.is_file():
+        special = {t["id"] for t in json.loads(tok.read_text()).get("added_tokens", []) if t.get("special", True)}
+    return [i for i in range(vocab) if i not in special]
+
+
+def base_args(extra: str) -> list[str]:
+    from server import BASE_ARGS  # tools/sglang_cpu, on the path via harness()
+
+    return [*BASE_ARGS, *ISSUE_ARGS, *shlex.split(extra)]
+
+
+class Serving:
+    """One configuration's server, fresh: ``alone`` via the harness's Server (plugins "none"), ``ebctl`` via
+    ``ebctl start`` (harness.ebctl_start). ``url``, ``control`` (the daemon's control endpoint or None)."""
+
+    def __init__(self, h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], args: list[str]) -> None:
+        from server import BASE_ARGS
+
+        self.control = None
+        self._cm = None
+        self._server = None
+        t0 = time.monotonic()
+        if cfg["engine"] == "ebctl":
+            env = {k: v for k, v in h.server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+            env.update(h.ONE_TORCH_CORE)
+            self._cm = h.ebctl_start(venv, model, work, [*args, *cfg["flags"]], cfg["sets"], env=env)
+            _, self.url = self._cm.__enter__()
+            self.control = f"ipc://{work / 'rt' / 'control.sock'}"
+        else:  # Server prepends BASE_ARGS itself: the command line is the same as ebctl's
+            self._server = h.Server(venv, model, work, [*args[len(BASE_ARGS):], *cfg["flags"]], plugins="none")
+            self.url = self._server.url
+            h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+                        timeout=60)  # what ebctl_start waits for: one answered generate
+        self.ready_s = time.monotonic() - t0
+
+    def close(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+        if self._server is not None:
+            self._server.close()
+
+
+def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], args: list[str], a: Any,
+            pairs: list[tuple[int, int]], ids: list[int], seed: int) -> dict[str, Any]:
+    """Start the configuration fresh, load it, stop it; the run's record (``error`` set if it did not start)."""
+    work.mkdir(parents=True, exist_ok=True)
+    run: dict[str, Any] = {"config": cfg["name"], "seed": seed, "workdir": str(work), "status": []}
+    try:
+        serving = Serving(h, venv, model, work, cfg, args)
+    except Exception as e:  # a run that does not start is reported, and the others still run
+        run["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+        return run
+    try:
+        run["ready_s"] = serving.ready_s
+        spec = {"url": serving.url, "concurrency": a.concurrency, "duration": a.duration, "drain": a.drain,
+                "pairs": pairs, "token_ids": ids, "seed": seed, "out": str(work / "client.json")}
+        (work / "client.spec.json").write_text(json.dumps(spec))
+        with open(work / "client.log", "wb") as log:
+            client = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).resolve()), "--client",
+                                       str(work / "client.spec.json")], cwd="/", stdin=subprocess.DEVNULL,
+                                      stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        try:
+            ticks = ([x * a.status_every for x in range(1, int(a.duration // a.status_every) + 1)]
+                     if serving.control else [])
+            if serving.control and a.duration not in ticks:
+                ticks.append(a.duration)
+            for tick in ticks:
+                try:
+                    client.wait(max(0.0, tick - (time.monotonic() - t0)))
+                    break
+                except subprocess.TimeoutExpired:
+                    run["status"].append({"t": time.monotonic() - t0, "status": h.daemon_status(serving.control)})
+            client.wait(a.duration + a.drain + 120)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait(10)
+        if serving.control:
+            run["status"].append({"t": time.monotonic() - t0, "status": h.daemon_status(serving.control)})
+        if client.returncode != 0 or not (work / "client.json").is_file():
+            run["error"] = f"the client exited with {client.returncode}: " + \
+                (work / "client.log").read_text(errors="replace")[-1500:]
+            return run
+        res = json.loads((work / "client.json").read_text())
+        run["summary"] = summarize(res["records"], res["hist"], res["res"], a.duration, a.last)
+        run["client_cpu_s"], run["client_wall_s"] = res["cpu_s"], res["wall_s"]
+        run["records"] = res["records"]
+        run["errors"] = sorted({r["err"] for r in res["records"] if r["err"]})[:10]
+    finally:
+        serving.close()
+    return run
+
+
+def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
+    head = f"[ab] round {rnd}/{runs} {run['config']:<{width}}"
+    if "summary" not in run:
+        return f"{head}: FAILED: {run.get('error')}"
+    s = run["summary"]
+    line = (f"{head}: {fmt(s['tok_s'])} out tok/s (last part {fmt(s['tok_s_last'])}), TTFT p50/p99 "
+            f"{fmt(s['ttft_p50'], 1, 2)}/{fmt(s['ttft_p99'], 1, 2)} s, TPOT p50/p99 {fmt(s['tpot_p50'], 1e3, 1)}/"
+            f"{fmt(s['tpot_p99'], 1e3, 1)} ms, {s['completed']} completed, {s['failed']} failed, "
+            f"{s['in_flight_at_end']} in flight at the end ({s['completed_in_drain']} completed in the drain, "
+            f"{s['unfinished']} unfinished), client CPU {run['client_cpu_s'] / run['client_wall_s']:.1%}, "
+            f"ready in {run['ready_s']:.0f} s")
+    if run["status"]:
+        line += f" | {status_text(engine_status(run['status'][-1]['status']))}"
+    if run.get("errors"):
+        line += f" | errors: {run['errors'][:3]}"
+    return line
+
+
+def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: float) -> tuple[str, dict]:
+    by = {n: [r["summary"] for r in runs if r["config"] == n and "summary" in r] for n in names}
+    base_all = [s["tok_s"] for s in by[baseline]]
+    base_last = [s["tok_s_last"] for s in by[baseline]]
+    rows = [f"| configuration | runs | out tok/s | last {last:.0f} s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
+            f"TPOT p99 ms | completed | failed | ratio to {baseline} [95%] | last part [95%] |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary: dict[str, Any] = {}
+    for n in names:
+        ss = by[n]
+        med = {k: (statistics.median(v) if (v := [s[k] for s in ss if not math.isnan(s[k])]) else math.nan)
+               for k in ("tok_s", "tok_s_last", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}
+        ratio = bootstrap_ratio([s["tok_s"] for s in ss], base_all)
+        ratio_last = bootstrap_ratio([s["tok_s_last"] for s in ss], base_last)
+        summary[n] = {**med, "runs": len(ss), "completed": sum(s["completed"] for s in ss),
+                      "failed": sum(s["failed"] for s in ss), "unfinished": sum(s["unfinished"] for s in ss),
+                      "tok_s_runs": [s["tok_s"] for s in ss], "tok_s_last_runs": [s["tok_s_last"] for s in ss],
+                      "ratio": ratio, "ratio_last": ratio_last}
+
+        def r(x: tuple[float, float, float]) -> str:
+            return "-" if math.isnan(x[0]) else f"{x[0]:.3f} [{x[1]:.3f}, {x[2]:.3f}]"
+
+        rows.append(f"| {n} | {len(ss)} | {fmt(med['tok_s'])} | {fmt(med['tok_s_last'])} | "
+                    f"{fmt(med['ttft_p50'], 1, 2)} | {fmt(med['ttft_p99'], 1, 2)} | {fmt(med['tpot_p50'], 1e3, 1)} | "
+                    f"{fmt(med['tpot_p99'], 1e3, 1)} | {summary[n]['completed']} | {summary[n]['failed']} | "
+                    f"{r(ratio)} | {r(ratio_last)} |")
+    return "\n".join(rows), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=None, help="comma-separated configurations (default: alone,ebctl)")
+    ap.add_argument("--runs", type=int, default=None, help="rounds; each runs every configuration once (default 3)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds of load per run (default 480)")
+    ap.add_argument("--last", type=float, default=None,
+                    help="the last part's length (s) for its throughput (default 240)")
+    ap.add_argument("--drain", type=float, default=120.0, help="seconds to wait for the requests in flight at the end")
+    ap.add_argument("--concurrency", type=int, default=24, help="requests always in flight")
+    ap.add_argument("--trace", default=None, help="a trace CSV or an `ebctl simulate` workload name "
+                    "(default: the issue's workload)")
+    ap.add_argument("--requests", type=int, default=480, help="(input, output) pairs, cycled in order")
+    ap.add_argument("--seed", type=int, default=0, help="lengths' seed; prompts use seed, run number")
+    ap.add_argument("--server-args", default="", help="sglang flags added to the base args of every "
+                    "configuration; write --server-args='--flag ...' (with =)")
+    ap.add_argument("--baseline", default=None, help="the configuration ratios are to (default: the first)")
+    ap.add_argument("--status-every", type=float, default=None,
+                    help="seconds between daemon status reads (default 60)")
+    ap.add_argument("--json", type=Path, default=None, help="write everything here")
+    ap.add_argument("--venv", default=None, help="the sglang CPU environment (default: tools/sglang_env.sh's)")
+    ap.add_argument("--workdir", type=Path, default=None, help="logs and runtime dirs (default: a temporary one)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a tiny model already built by make_tiny_model.py (default: build one in the workdir)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI: alone,ebctl, 1 run, 45 s, --last 20, status every 15 s (each unless given)")
+    ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.client:
+        return client_main(a.client)
+    for key, full, quick in (("runs", 3, 1), ("duration", 480.0, 45.0), ("last", 240.0, 20.0),
+                             ("status_every", 60.0, 15.0)):
+        if getattr(a, key) is None:
+            setattr(a, key, quick if a.quick else full)
+    names = [x.strip() for x in (a.configs or "alone,ebctl").split(",") if x.strip()]
+    try:
+        cfgs = [parse_config(n) for n in names]
+    except ValueError as e:
+        ap.error(str(e))
+    if len(set(names)) != len(names):
+        ap.error(f"--configs {a.configs}: a configuration is named twice")
+    baseline = a.baseline or names[0]
+    if baseline not in names:
+        ap.error(f"--baseline {baseline}: not among --configs")
+    if not (a.duration > 0 and a.status_every > 0 and a.runs >= 1 and a.concurrency >= 1):
+        ap.error("--duration, --status-every, --runs and --concurrency must be positive")
+    a.last = min(a.last, a.duration)
+
+    if a.trace:
+        from ebctl.sim import workloads
+
+        wl = workloads.load(a.trace, a.requests, seed=a.seed)
+        pairs = [(int(i), int(o)) for i, o in zip(wl.input_len, wl.output_len, strict=True)]
+    else:
+        pairs = issue_workload(a.requests, a.seed)
+
+    h = harness()
+    from server import ensure_installed, sglang_venv
+
+    venv = sglang_venv(a.venv)
+    ensure_installed(venv)
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="ebab-"))  # short: unix socket paths ≤ 107 bytes
+    work.mkdir(parents=True, exist_ok=True)
+    model = a.model or work / "model"
+    subprocess.run([str(venv / "bin" / "python"), str(REPO / "tools" / "sglang_cpu" / "make_tiny_model.py"),
+                    str(model)], check=True, capture_output=True)  # idempotent: nothing to do for a built one
+    ctx = json.loads((model / "config.json").read_text()).get("max_position_embeddings", 2048)
+    too_long = sum(i + o > ctx for i, o in pairs)
+    if too_long:
+        ap.error(f"{too_long} of the {len(pairs)} requests exceed the tiny model's context ({ctx} tokens)")
+    ids = model_vocab(model)
+    args = base_args(a.server_args)
+    mean_in, mean_out = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+    print(f"[ab] {', '.join(names)}: {a.runs} round(s) of {a.duration:.0f} s, c = {a.concurrency}, "
+          f"{len(pairs)} pairs ({a.trace or 'the issue workload'}, seed {a.seed}: mean input {mean_in:.1f}, mean "
+          f"output {mean_out:.1f}); fresh random prompts from {len(ids)} token ids\n[ab] base args: "
+          f"{shlex.join(args)}; torch {h.ONE_TORCH_CORE}; workdir {work}", flush=True)
+
+    t_start = time.monotonic()
+    width = max(len(n) for n in names)
+    runs: list[dict[str, Any]] = []
+    count = 0
+    for rnd in range(1, a.runs + 1):
+        for cfg in cfgs:
+            count += 1
+            run = run_one(h, venv, model, work / f"r{count}", cfg, args, a, pairs, ids, a.seed * 1_000_003 + count)
+            run["round"] = rnd
+            runs.append(run)
+            print(run_line(rnd, a.runs, run, width), flush=True)
+            if a.json:
+                write_json(a, names, args, pairs, runs, None)
+
+    text, summary = table(names, runs, baseline, a.last)
+    cpu = [r["client_cpu_s"] / r["client_wall_s"] for r in runs if "client_cpu_s" in r]
+    print(f"\n`python tools/ab_real.py {shlex.join(sys.argv[1:] if argv is None else argv)}`: "
+          f"{time.monotonic() - t_start:.0f} s in all; medians over runs; ratio: bootstrap median "
+          f"[95% interval] of mean output tok/s against {baseline}\n")
+    print(text)
+    if cpu:
+        print(f"\nclient CPU: {min(cpu):.1%}-{max(cpu):.1%} of one core (user + system over its wall time)")
+    bad = [r for r in runs if "summary" not in r or r["summary"]["failed"] or r["summary"]["unfinished"]]
+    if a.json:
+        write_json(a, names, args, pairs, runs, summary)
+    for r in bad:
+        print(f"[ab] NOT OK: round {r['round']} {r['config']}: "
+              f"{r.get('error') or {k: r['summary'][k] for k in ('failed', 'unfinished')}} {r.get('errors') or ''}")
+    return 1 if bad else 0
+
+
+def write_json(a: Any, names: list[str], args: list[str], pairs: list, runs: list, summary: dict | None) -> None:
+    doc = {"tool": "ab_real", "configs": names, "base_args": args,
+           "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "client"},
+           "workload": {"source": a.trace or "issue", "seed": a.seed, "pairs": pairs}, "bin_s": BIN_S,
+           "runs": runs, "summary": summary,
+           "ok": summary is not None and all("summary" in r and not r["summary"]["failed"]
+                                             and not r["summary"]["unfinished"] for r in runs)}
+    a.json.write_text(json.dumps(_finite(doc), separators=(",", ":"), default=str))  # compact: ~100 B a request
+
+
+def _finite(x: Any) -> Any:
+    """nan → None, so that the JSON is strict."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())
