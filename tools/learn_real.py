@@ -5,7 +5,8 @@
 
 ``ebctl start --engine sglang`` runs the daemon with its defaults (mode eb+, theta_method measured, no
 ``daemon.profile``: the default costs until the online fits pass) and the tiny model (tools/sglang_cpu/, one
-pinned torch thread) launched with ``--enable-mixed-chunk`` and 16 slots, so that c = 24 keeps requests waiting.
+pinned torch thread) launched with ``--enable-mixed-chunk`` and 16 slots, so that c = 24 keeps requests waiting,
+and ``--disable-radix-cache`` (random-ids prompts share prefixes whatever the seed: no prefill is skipped).
 sglang's own client (``sglang.benchmark.serving``, random-ids, prompts of 48 ± 50% tokens, outputs of 64 ± 50%)
 holds ``--concurrency`` requests in flight, round after round, for ``--duration`` seconds, while
 ``ebctl status --json`` is read every 10 s. Printed: how the cost fits and the tuner moved over time, the final
@@ -41,7 +42,11 @@ from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_c
 
 SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
-               "--chunked-prefill-size", "256", "--enable-mixed-chunk", "--sleep-on-idle"]
+               "--chunked-prefill-size", "256", "--enable-mixed-chunk", "--sleep-on-idle", "--disable-radix-cache"]
+# --disable-radix-cache: random-ids prompts are runs of consecutive ids ((offset + i + j) mod 512 here), so
+# prompts that start alike share prefixes whatever the seed (each round has its own): with the radix cache up
+# to 42% of a round's prompt tokens could skip their prefill, and the controller would learn from a workload
+# lighter than the lengths it sees.
 # Rounds of 720 prompts (about 55 s each here): each round's tail empties the queue (under 16 in flight nobody
 # waits), and with rounds of 240 a window of 400 completions (the default) held two tails and the round's
 # restart, and was never saturated on 90% of its time: in 5 minutes the tuner ran no trial.

@@ -6,8 +6,10 @@
 What it does (tiny model, tools/sglang_cpu/; the environment of tools/sglang_env.sh with this checkout in it):
 
 1. Two servers with the ebctl plugin, each with its own daemon, the same settings (``--max-running-requests
-   16 --chunked-prefill-size 256 --disable-overlap-schedule``, KV 16,384 tokens, torch on one pinned core,
-   ``SGLANG_CPU_OMP_THREADS_BIND=0``), one launched plain, one with ``--enable-mixed-chunk``.
+   16 --chunked-prefill-size 256 --disable-overlap-schedule --disable-radix-cache``, KV 16,384 tokens, torch
+   on one pinned core, ``SGLANG_CPU_OMP_THREADS_BIND=0``), one launched plain, one with
+   ``--enable-mixed-chunk``. No radix cache: the same seeded requests run in every round and configuration,
+   and a cached prefix would skip prefill work that the simulator prices.
 2. Configurations: ``stock`` (plain, policy off: the plugin only reports), ``mixed`` (the mixed server,
    policy off), ``eb k=K`` (plain server, fixed EB(k, n_max = 16), K = 1, 4, 12). An EB policy is the
    daemon's cold policy held for the whole run (window = min_window = 10⁶ completions, so it never moves):
@@ -54,8 +56,12 @@ from ebctl.sim.engine import EngineConfig  # noqa: E402
 
 MAX_RUNNING = 16
 CHUNK = 256
+# --disable-radix-cache: sglang's random-ids prompts are runs of consecutive ids, (offset + i + j) mod 512 with
+# this model's vocabulary, so prompts with one start share their prefixes; with the radix cache, 27% of one
+# round's prompt tokens (and 62% after a second round with the same seed) could be prefix hits that skip their
+# prefill, which the simulator does not model. Every configuration gets the same seeded requests on purpose.
 SERVER_ARGS = ["--max-running-requests", str(MAX_RUNNING), "--chunked-prefill-size", str(CHUNK),
-               "--disable-overlap-schedule"]
+               "--disable-overlap-schedule", "--disable-radix-cache"]
 LOAD = {"input_len": 240, "output_len": 96, "range_ratio": 0.1, "seed": 1}
 NO_CLOCK_S = 86400.0  # controller.max_defer_s at its maximum: the anti-starvation clock never fires
 DAEMON = {"controller.mode": "off", "controller.cold_mode": "off", "controller.window": "1000000",
