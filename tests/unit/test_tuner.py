@@ -50,16 +50,25 @@ def test_window_rate_weighs_the_phases_by_the_request_mix():
     assert w.rate(100, 51) == pytest.approx(151 / 0.3)
     # the same window with a prefill-heavy mix: 400 + 11 tokens cost 0.4 + 0.04 s
     assert w.rate(400, 11) == pytest.approx(411 / 0.44)
-    # idle time is lost time for both phases; a mixed iteration's time is split by its tokens
+    # idle time is lost time for both phases; a mixed iteration charges its 100 decode rows what a row cost in the
+    # decode-only step (2 s / 500 = 4 ms: 0.4 s) and its 300 prefill tokens the other 0.6 s
     w.add(_rep(BatchKind.IDLE, 4.0), 1.0)
     w.add(_rep(BatchKind.MIXED, 5.0, prefill=300, decode=100), 1.0)
     w.end = 5.0
-    tp, td = 1.75 / 1300, 2.25 / 600
+    tp, td = 1.6 / 1300, 2.4 / 600
+    assert w.split() == pytest.approx((1.6, 2.4))
     assert w.rate(100, 51) == pytest.approx(151 / (100 * tp + 50 * td) * 4 / 5)
+    # a mixed step shorter than its rows' decode cost: all of it on the rows
+    w.add(_rep(BatchKind.MIXED, 5.2, prefill=50, decode=100), 0.2)
+    assert w.split() == pytest.approx((1.6, 2.6))
+    # no decode-only step to price a row: split by numbers
+    m = Window("mb", start=0.0)
+    m.add(_rep(BatchKind.MIXED, 1.0, prefill=300, decode=100), 1.0)
+    assert m.split() == pytest.approx((0.75, 0.25))
     # without μ: tokens (first tokens included) over the time
     w.add(_rep(BatchKind.DECODE, 5.5, decode=10, finished=2), 0.5)
     w.end = 5.5
-    assert w.rate(math.nan, math.nan) == pytest.approx((1300 + 610 + 2) / 5.5)
+    assert w.rate(math.nan, math.nan) == pytest.approx((1350 + 710 + 2) / 5.7)
 
 
 def test_trial_pairs_cancel_a_linear_drift():
