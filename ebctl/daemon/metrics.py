@@ -112,12 +112,12 @@ class DaemonCollector(Collector):
             group_g.add_metric([eid], ctl.group_size)
             st = ctl.status()
             tok_g.add_metric([eid], st["output_tok_s"])
+            g = st["gain"] or {}  # NaN without the measured search
+            for which, key in (("estimate", "vs_stock"), ("low", "low"), ("high", "high")):
+                gain_g.add_metric([eid, which], g.get(key, math.nan))
+            explore_g.add_metric([eid], g.get("explore_share", math.nan))
             tu = st["tuner"]
             if tu is not None:
-                g = tu["gain"]
-                for which, key in (("estimate", "vs_stock"), ("low", "low"), ("high", "high")):
-                    gain_g.add_metric([eid, which], g[key])
-                explore_g.add_metric([eid], g["explore_share"])
                 arm_g.add_metric([eid, "arm"], tu["theta_arm"])
                 arm_g.add_metric([eid, "incumbent"], tu["theta_incumbent"])
                 kind = tu["arm"] if tu["arm"] in ("stock", "mb") else "eb"
