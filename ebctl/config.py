@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebctl.controller import ControllerParams
+from ebctl.params import ControllerParams
 from ebctl.sbs.types import SbsParams, parse_ranks
 
 DEFAULT_PATH = "/etc/ebctl/ebctl.toml"

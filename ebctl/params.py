@@ -1,18 +1,35 @@
-"""What the controller is told (``ControllerParams``, built by ``ebctl.config`` from the file and flags) and what
-one recompute finds (``Fit``). Pure data."""
+"""What the controller is told (``ControllerParams``, built by ``ebctl.config`` from the file and flags; its
+``TunerParams``) and what one recompute finds (``Fit``). Pure data: the modules named in ``Fit``'s types are
+imported for type checking only, so ``ebctl.config`` (and the command line) loads no numpy or scipy through it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from ebctl import model
-from ebctl.estimate import HazardFit
-from ebctl.protocol import Mode
-from ebctl.tuner import TunerParams
+if TYPE_CHECKING:
+    from ebctl import model
+    from ebctl.estimate import HazardFit
+    from ebctl.protocol import Mode
 
 ThetaMethod = Literal["paper", "cfr", "exact-fluid", "measured"]
 OperatorMode = Literal["eb", "eb+", "mb", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class TunerParams:
+    """What ``ebctl.tuner.Tuner`` is told (``ControllerParams.tuner`` builds it from the ``tune_*`` keys)."""
+
+    theta_min: float = 0.01
+    theta_max: float = 0.8
+    window: int = 200  # completions per window (and at least one whole EB cycle)
+    min_pairs: int = 1
+    max_pairs: int = 5
+    min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
+    step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
+    recheck: int = 4000  # completions between settling and the first re-check
+    window_s: float = 10.0  # ... or this many seconds, once it holds window / 4 (0: completions only)
+    explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
 
 
 @dataclass(frozen=True, slots=True)

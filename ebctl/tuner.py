@@ -30,11 +30,11 @@ Pure: reports and policy versions in, the arm to run out; no clock (time comes i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, Applied, Trial, Verdict, Window, verdict
 
@@ -62,20 +62,6 @@ MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's
 # slow server (the CPU server's windows take ~27 s) waiting for a whole pair doubles what a bad arm costs.
 EARLY_STOP_MIN, EARLY_STOP_SDS = 0.03, 3.0
 REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
-
-
-@dataclass(frozen=True, slots=True)
-class TunerParams:
-    theta_min: float = 0.01
-    theta_max: float = 0.8
-    window: int = 200  # completions per window (and at least one whole EB cycle)
-    min_pairs: int = 1
-    max_pairs: int = 5
-    min_effect: float = 0.01  # a challenger must be this much faster (ratio − 1) to win
-    step_max: int = 4  # the largest step, in quarter octaves of θ (4: ×2)
-    recheck: int = 4000  # completions between settling and the first re-check
-    window_s: float = 10.0  # ... or this many seconds, once it holds window / 4 (0: completions only)
-    explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
 
 
 class Tuner:

@@ -8,9 +8,8 @@ configuration (``daemon``, ``start``, ``status``, ``tune``, ``reload``, ``config
 ``keygen`` and ``simulate`` read none: given to them, the options are refused (exit 2), not ignored.
 """
 
-import importlib.metadata
 import inspect
-import platform
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,71 @@ import typer
 
 from ebctl import config
 from ebctl.config import Config, ConfigError
-from ebctl.security import SecurityError
 
-app = typer.Typer(name="ebctl", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# ---- coercion without pydantic where none is needed -----------------------------------------------------
+# typer >= 0.29 passes every parameter's value, given or not, through a pydantic TypeAdapter, and importing
+# pydantic for that costs ~0.15 s of CPU, more than all the rest of `ebctl status --json`. Values that need
+# no coercion are taken as they are: a missing one, a default of its annotation's own type, text for a str,
+# texts for a list[str] (what typer's adapters return for them: the value, or the texts as a list). Any other
+# value goes through typer's own coercion, with its checks and messages. A typer without ``get_runtime_param``
+# (before 0.29) has nothing to skip.
+
+
+class _Uncoerced:
+    """What ``get_runtime_param()`` gives typer's ``process_value`` here: ``coerce`` as typer's, less pydantic
+    for the values that need no coercion."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build  # the parameter's own get_runtime_param
+
+    def coerce(self, value: Any, param: Any, ctx: typer.Context) -> Any:
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None  # typer's answer for a missing value, without building its adapter
+        desc = param.type_descriptor
+        ann = desc.annotation
+        if getattr(desc.parameter_info, "parser", None) is None:
+            if (ann is str and type(value) is str) or (value is param.default and type(value) is ann):
+                return value
+            if multi and ann == list[str] and isinstance(value, list | tuple) and \
+                    all(type(v) is str for v in value):
+                return list(value)
+        return self.build().coerce(value, param=param, ctx=ctx)
+
+
+def _coerce_lazily(params: list[Any]) -> None:
+    for p in params:
+        build = getattr(p, "get_runtime_param", None)
+        if build is not None and hasattr(p, "type_descriptor") and "get_runtime_param" not in vars(p):
+            p.get_runtime_param = lambda build=build: _Uncoerced(build)
+
+
+class _LazyCoercion:
+    """Coerces its parameters as above, ``--help`` (made when first asked for) included."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _coerce_lazily(self.params)  # type: ignore[attr-defined]
+
+    def get_help_option(self, ctx: typer.Context) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        _coerce_lazily([option])
+        return option
+
+
+class Group(_LazyCoercion, typer.core.TyperGroup):
+    """typer's group, coercing as above."""
+
+
+class Command(_LazyCoercion, typer.core.TyperCommand):
+    """typer's command, coercing as above."""
+
+
+app = typer.Typer(name="ebctl", cls=Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Online controller for exclusive vs mixed batching in SGLang.")
-tune_app = typer.Typer(no_args_is_help=True, help="Change the running daemon's settings or export its costs.")
-config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration or check a file.")
+tune_app = typer.Typer(cls=Group, no_args_is_help=True,
+                       help="Change the running daemon's settings or export its costs.")
+config_app = typer.Typer(cls=Group, no_args_is_help=True, help="Show the effective configuration or check a file.")
 app.add_typer(tune_app, name="tune")
 app.add_typer(config_app, name="config")
 
@@ -94,6 +152,9 @@ NO_CONFIG_COMMANDS = frozenset({"profiles", "keygen", "simulate"})
 
 
 def version_text() -> str:
+    import importlib.metadata
+    import platform
+
     from ebctl.protocol import PROTOCOL_VERSION
     from sglang_patch import TESTED_SGLANG
 
@@ -158,15 +219,24 @@ def command(group: typer.Typer, name: str | None = None, **settings: Any) -> Cal
                 return fn(**kw)
             except ConnectionError:  # link.DaemonUnreachable and friends
                 fail(unreachable_message(cfg), 1)
-            except SecurityError as e:  # e.g. a tcp:// endpoint without keys
-                fail(f"ebctl: {e}", 2)
+            except Exception as e:
+                if not _is_security_error(e):
+                    raise
+                fail(f"ebctl: {e}", 2)  # e.g. a tcp:// endpoint without keys
 
         wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
         wrapper.__signature__ = sig.replace(parameters=own + _GLOBAL_PARAMS)  # type: ignore[attr-defined]
-        group.command(name, **settings)(wrapper)
+        group.command(name, cls=Command, **settings)(wrapper)
         return fn
 
     return register
+
+
+def _is_security_error(e: BaseException) -> bool:
+    """Is ``e`` an ``ebctl.security.SecurityError``? Without importing that module (and zmq) to find out: only
+    a loaded module can have raised its error."""
+    security = sys.modules.get("ebctl.security")
+    return security is not None and isinstance(e, security.SecurityError)
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
 
 from ebctl import config
+from ebctl.cli import view
 from ebctl.cli.common import Globals, app, ask, command, config_app, fail, say, tune_app, unreachable_message
-from ebctl.cli.view import _out, jsonable, print_changes, print_json, status_view
+from ebctl.cli.view import jsonable, print_changes, print_json, status_view
 from ebctl.config import Config, ConfigError
 
 
@@ -45,29 +45,32 @@ def status(
 
     data = fetch(first=True)  # unreachable at the start: exit 1 (in --watch, later misses show on screen)
     if not watch:
-        print_json(data) if as_json else _out.print(status_view(data, full=show_all))
+        print_json(data) if as_json else view._out.print(status_view(data, full=show_all))
         return
     with contextlib.suppress(KeyboardInterrupt):
-        if as_json or not _out.is_terminal:  # a pipe or a file: stream, one document or one view per refresh
+        if as_json or not view._out.is_terminal:  # a pipe or a file: stream, a document or a view per refresh
             while True:
                 if as_json:
                     print_json(data, indent=None)
                 else:
-                    _out.rule(time.strftime("%Y-%m-%d %H:%M:%S"), align="left", style="dim")
-                    _out.print(_watch_view(data, show_all, None))
-                    _out.file.flush()
+                    view._out.rule(time.strftime("%Y-%m-%d %H:%M:%S"), align="left", style="dim")
+                    view._out.print(_watch_view(data, show_all, None))
+                    view._out.file.flush()
                 time.sleep(interval)
                 data = fetch()
         from rich.live import Live
 
-        with Live(_watch_view(data, show_all, _out.size.height), console=_out, auto_refresh=False) as live:
+        out = view._out
+        with Live(_watch_view(data, show_all, out.size.height), console=out, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(_watch_view(fetch(), show_all, _out.size.height), refresh=True)
+                live.update(_watch_view(fetch(), show_all, out.size.height), refresh=True)
 
 
 def _watch_view(data: dict[str, Any], show_all: bool, height: int | None) -> Any:
     """The view of one refresh; at a terminal, ``height`` rows at most (Live would cut the rest)."""
+    from rich.text import Text
+
     if "error" in data:
         return Text(data["error"], style="red")
     return status_view(data, full=show_all, height=height)

@@ -1,5 +1,8 @@
 """The ``ebctl`` commands that need no daemon: ``profiles`` (the built-in cost profiles), ``keygen`` (CURVE
 key pairs for tcp:// endpoints) and ``simulate`` (the simulator's command, when ``ebctl.sim`` imports).
+
+Each imports what it computes with when it runs (the profiles and their cost model, zmq's key generation, the
+simulator): registering the commands, which every ``ebctl`` command line does, loads no numpy or scipy.
 """
 
 import math
@@ -8,25 +11,28 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
-from rich.table import Table
 
-from ebctl import config, profiles
+from ebctl import config
+from ebctl.cli import view
 from ebctl.cli.common import app, command, fail
-from ebctl.cli.view import _out, num, print_json
-from ebctl.security import SecurityError
+from ebctl.cli.view import num, print_json
 
 
 @command(app, "profiles")
 def list_profiles(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """The built-in cost profiles (use one with --set daemon.profile=NAME)."""
+    from rich import box
+    from rich.table import Table
+
+    from ebctl import profiles
+
     presets = profiles.builtin()
     if as_json:
         print_json({name: {"model": p.model, "gpu": p.gpu, "source": p.source,
                            "costs": {k: getattr(p.costs, k) for k in p.costs.__dataclass_fields__},
                            "has_beta_mb": math.isfinite(p.costs.c0)} for name, p in sorted(presets.items())})
         return
-    wide = _out.width >= 120  # the model and GPU columns only where they fit: the name says both anyway
+    wide = view._out.width >= 120  # the model and GPU columns only where they fit: the name says both anyway
     t = Table(title="built-in cost profiles", title_justify="left", box=box.SIMPLE, pad_edge=False,
               caption="α in s, β in s/token; β_MB: a measured mixed-batch cost curve" +
               ("" if wide else "; --json for the models"), caption_justify="left")
@@ -36,7 +42,7 @@ def list_profiles(as_json: Annotated[bool, typer.Option("--json", help="print JS
         c = p.costs
         t.add_row(name, *((p.model.split("/")[-1], p.gpu) if wide else ()), num(c.alpha_p), num(c.beta_p),
                   num(c.alpha_d), num(c.beta_d), "yes" if math.isfinite(c.c0) else "no")
-    _out.print(t)
+    view._out.print(t)
 
 
 def default_key_dir() -> Path:
@@ -58,7 +64,7 @@ def keygen(
     target = directory or default_key_dir()
     try:
         public, secret = security.keygen(target, name, force=force)
-    except (OSError, SecurityError) as e:
+    except (OSError, security.SecurityError) as e:
         fail(f"ebctl keygen: {e}", 1)
     typer.echo(
         f"public key: {public}\nsecret key: {secret}\n\n"
@@ -70,20 +76,21 @@ def keygen(
         '  curve_server_key = "<the daemon\'s public .key file>"')
 
 
-def _register_simulate() -> None:
+# ``ebctl simulate``'s one-line help in ``ebctl --help``: ``ebctl.sim.cli.simulate``'s docstring (a test keeps
+# them equal). The command's options are the simulator's own, read when it runs (``ebctl simulate --help``).
+SIMULATE_HELP = "Simulate an engine under each policy on one workload and compare throughput and latency."
+
+
+@app.command("simulate", help=SIMULATE_HELP, add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def simulate(ctx: typer.Context) -> None:
+    """Run ``ebctl.sim.cli.simulate`` on the arguments after ``simulate`` (``--help`` included): the simulator,
+    numpy and scipy load only here, not for every other command."""
     try:
-        from ebctl.sim.cli import simulate
+        from ebctl.sim.cli import simulate as run_simulate
     except ImportError as e:
-        why = str(e)
-
-        @app.command("simulate", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                     add_help_option=False)
-        def simulate_missing() -> None:
-            """Replay a workload through the simulator (not available in this install)."""
-            fail(f"ebctl simulate is not available: {why}", 1)
-
-        return
-    app.command("simulate")(simulate)
-
-
-_register_simulate()
+        fail(f"ebctl simulate is not available: {e}", 1)
+    sim_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    sim_app.command("simulate")(run_simulate)
+    # standalone: usage errors print and exit 2, the end exits with the command's code (SystemExit, as typer's)
+    typer.main.get_command(sim_app).main(args=list(ctx.args), prog_name=ctx.command_path)

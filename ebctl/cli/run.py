@@ -12,10 +12,8 @@ from typing import Annotated
 import typer
 
 from ebctl import config
-from ebctl.cli import supervisor
 from ebctl.cli.common import Globals, answers, app, command, fail
 from ebctl.config import Config
-from ebctl.security import SecurityError
 
 SGLANG_INSTALL_HINT = "sglang is not installed: pip install 'ebctl[sglang]'"
 
@@ -101,11 +99,12 @@ def start(
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, engine_args or []))
     from ebctl import security
+    from ebctl.cli import supervisor
 
     try:
         security.check_endpoints(cfg)
         security.ensure_runtime_dir(cfg.daemon.runtime_dir)
-    except SecurityError as e:
+    except security.SecurityError as e:
         fail(f"ebctl start: {e}", 2)
     if answers(cfg, timeout_s=0.5):
         fail(f"ebctl start: a daemon already answers at {cfg.endpoint('control')}: stop it "

@@ -3,19 +3,36 @@
 terminal, two engines and more) and the full one (``status_view(full=True)``, ``--all``: every field the
 daemon sends, known or not). Pure output: nothing here talks to the daemon or reads the config, so the views
 are tested with plain dicts.
+
+rich is imported by the functions that build a view and by the first use of ``_out``, the console they print
+on: ``--json``, ``tune`` and ``reload`` print without it.
 """
+
+from __future__ import annotations
 
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
 
-_out = Console(width=None if sys.stdout.isatty() else 160)  # piped: don't squeeze tables to 80 columns
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+    from rich.table import Table
+    from rich.text import Text
+
+_out: Console  # (no value here: ``__getattr__`` makes it at its first use)
+
+
+def __getattr__(name: str) -> Any:
+    """``_out``, the console views print on, made at its first use (and kept: tests replace it)."""
+    if name != "_out":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    out = globals()["_out"] = Console(width=None if sys.stdout.isatty() else 160)  # piped: 160, not 80 columns
+    return out
 
 
 def jsonable(x: Any) -> Any:
@@ -78,6 +95,8 @@ def fmt(x: Any) -> str:
 
 def pairs_grid(title: str, pairs: list[tuple[str, str]]) -> Table:
     """(label, value) pairs in two column pairs, filled top to bottom."""
+    from rich.table import Table
+
     grid = Table(title=title, title_justify="left", show_header=False)
     for _ in range(2):
         grid.add_column(style="cyan", no_wrap=True)
@@ -90,6 +109,9 @@ def pairs_grid(title: str, pairs: list[tuple[str, str]]) -> Table:
 
 def engine_view(engine_id: str, st: dict[str, Any]) -> Group:
     """One engine's policy, estimates and costs: a two-pairs-per-row grid, then the long values."""
+    from rich.console import Group
+    from rich.table import Table
+
     known = dict(ENGINE_FIELDS)
     pairs = [(label, fmt(st.get(key))) for key, label in ENGINE_FIELDS if key in st]
     pairs += [(k, fmt(v)) for k, v in st.items() if k not in known and k not in _WIDE and k not in _HIDDEN]
@@ -116,6 +138,8 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 def full_view(data: dict[str, Any]) -> Group:
     """``ebctl status --all``: every daemon counter and every engine field, known or not."""
+    from rich.console import Group
+
     daemon_t = pairs_grid("daemon", [(k.removeprefix("counters."), fmt(v))
                                      for k, v in _flatten(data.get("daemon") or {})])
     engines = data.get("engines") or {}
@@ -154,6 +178,8 @@ def age(seconds: Any) -> str:
 
 def _line(*parts: tuple[str, str] | str, style: str = "") -> Text:
     """One row that never wraps (cut with … at the terminal's edge): the height of the view stays fixed."""
+    from rich.text import Text
+
     t = Text(no_wrap=True, overflow="ellipsis", style=style)
     for p in parts:
         t.append(*p) if isinstance(p, tuple) else t.append(p)
@@ -190,6 +216,8 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
 
 def _grid(cells: list[tuple[str, str]], per_row: int = 4) -> Table:
     """(label, value) cells, ``per_row`` pairs to a row, aligned in columns (values right-aligned)."""
+    from rich.table import Table
+
     grid = Table.grid(padding=(0, 1), pad_edge=False)
     grid.add_column(width=1)  # the block's indent
     for _ in range(per_row):
@@ -236,6 +264,8 @@ def _costs_text(st: dict[str, Any]) -> str:
 
 def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     """One engine in ~9 rows of at most 80 columns: policy, threshold, hazard fit, costs, why."""
+    from rich.console import Group
+
     head = _line(("engine ", "bold"), (engine_id, "bold cyan"))
     if isinstance(st.get("group_size"), int) and st["group_size"] > 1:
         head.append(f" (group of {num(st['group_size'])})")
@@ -277,6 +307,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
 
 def summary_table(engines: dict[str, Any]) -> Table:
     """One row per engine, for when the blocks do not fit the terminal's height."""
+    from rich.table import Table
+
     t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="cyan")
     t.add_column("engine", overflow="fold", max_width=16)
     for col in ("mode", "k", "N", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "age"):
@@ -324,6 +356,9 @@ BLOCK_ROWS = 9  # an engine block's height at most (its gate row shows only once
 def status_view(data: dict[str, Any], *, full: bool = False, height: int | None = None) -> Group:
     """``ebctl status``. Compact unless ``full``; with ``height`` (a live view), engines that do not fit
     as blocks are shown one row each (``--engine ID`` shows one in full)."""
+    from rich.console import Group
+    from rich.text import Text
+
     if full:
         return full_view(data)
     engines = data.get("engines") or {}

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ebctl import cli, config
-from ebctl.cli import common, local, run, view
+from ebctl.cli import common, run, view
 
 runner = CliRunner()
 
@@ -233,8 +233,7 @@ def narrow(monkeypatch, width: int):
     from rich.console import Console
 
     console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
-    monkeypatch.setattr(view, "_out", console)
-    monkeypatch.setattr(local, "_out", console)
+    monkeypatch.setattr(view, "_out", console)  # what every view prints on (local's profiles table too)
     return console
 
 
