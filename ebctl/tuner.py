@@ -36,7 +36,7 @@ import numpy as np
 
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
-from ebctl.trial import PRIOR_PAIRS, Applied, Trial, Verdict, Window, verdict
+from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
 
 STOCK, MB = "stock", "mb"
 PROBE = "probe"  # what policy versions of an eb+ probe are bound to: no arm's, but their mode is known
@@ -99,6 +99,7 @@ class Tuner:
         self._since = 0  # completions since the last cycle boundary of the running arm
         self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
         self.settling = 0  # windows of the running arm still to drop (it follows a switch)
+        self._peeked = math.nan  # the start of the settling window last looked at (``_peek``)
         self.n = 0  # the engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
@@ -219,6 +220,23 @@ class Tuner:
         w.add(r, dt)
         if r.waiting > 0 and (applied.mode is not Mode.EB or r.running + r.waiting > applied.n_max):
             w.saturated_s += dt
+        if self.settling and self.trial is not None and w.arm == self.trial.challenger:
+            self._peek(w, r.wall_time)
+
+    def _peek(self, w: Window, now: float) -> None:
+        """A challenger's settling window stays whole (``_full``), but one that has run ``window_s`` seconds and
+        holds a quarter of ``window`` is looked at once: clearly slower already, it ends the trial there, and
+        a bad arm costs 10 s instead of a whole window (27 s on the CPU server)."""
+        if self._peeked == w.start or not (now - w.start >= self.p.window_s > 0
+                                           and w.completions >= self.p.window // MIN_WINDOW_SHARE):
+            return
+        self._peeked = w.start
+        rate, ref = w.rate(self.mu_l, self.mu_o), self.ref_lns[-1] if self.ref_lns else math.nan
+        saturated = w.saturated_s >= SATURATED_SHARE * (now - w.start)
+        if saturated and rate > 0 and math.log(rate) - ref < -self.early_stop_bar:
+            w.end = now
+            self.window = None
+            self._closed(w)  # counts its cost and ends the trial
 
     def _full(self, w: Window, now: float) -> bool:
         """A window closes at ``window`` completions, or, once settled, after ``window_s`` seconds if it holds a

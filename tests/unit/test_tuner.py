@@ -302,3 +302,18 @@ def test_a_window_also_closes_on_time_once_it_holds_a_quarter():
     t._closed = lambda w: closed.append((w.completions, w.seconds))
     Engine(t, lambda arm: 1.0).run(100)
     assert closed[1][0] == 40 and closed[1][1] == pytest.approx(6.0)
+
+
+def test_a_clearly_slower_challenger_is_stopped_inside_its_settling_window():
+    """window = 400 completions, window_s = 10 s: mb at 0.8 of stock's speed is looked at once its settling window
+    has run 10 s and holds 100 completions (10 cycles of 1.875 s: 18.75 s), not after the whole 400 (75 s)."""
+    t = Tuner(TunerParams(window=400, window_s=10.0))
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 0.8)
+    t.set_context(entries=[], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, steady=False)
+    eng.run(100)
+    t.set_context(entries=[], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    while t.counts["trials"] == 0 or t.trial is not None:
+        eng.cycle()
+    h = t.history[-1]
+    assert h["challenger"] == MB and h["decision"] == "lose" and h["effect"] == pytest.approx(-0.2)
+    assert t.explore_run_s == pytest.approx(10 * 1.5 / 0.8)
