@@ -262,6 +262,27 @@ def _costs_text(st: dict[str, Any]) -> str:
     return f"{source}: " + " ".join(f"{_COEF_LABELS.get(k, k)} {num(v)}" for k, v in coefs)
 
 
+def _pct(x: Any) -> str:
+    return f"{x:+.1%}" if isinstance(x, int | float) and math.isfinite(x) else "—"
+
+
+def gain_text(st: dict[str, Any]) -> str:
+    """Is it helping: the engine's output tokens/s over the last minute, what the running policy buys against
+    stock by the measured search's own trials (95% interval), and what exploring has cost so far."""
+    out = f"output {num(st.get('output_tok_s'))} tok/s"
+    g = st.get("gain")
+    if not isinstance(g, dict):
+        return out + " · gain against stock: not measured (controller.theta_method is not measured)"
+    tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
+    inc = tu.get("incumbent", "?")
+    at = "stock" if inc == "stock" else "mb" if inc == "mb" else f"EB θ {num(tu.get('theta_incumbent'))}"
+    gain = (f" · {at}: {_pct(g.get('vs_stock'))} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
+            if inc != "stock" else " · at stock (nothing measured faster)")
+    share = g.get("explore_share")
+    cost = f"{share:.1%}" if isinstance(share, int | float) and math.isfinite(share) else "—"
+    return out + gain + f" · exploring cost {cost} of {age(g.get('elapsed_s'))}"
+
+
 def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     """One engine in ~9 rows of at most 80 columns: policy, threshold, hazard fit, costs, why."""
     from rich.console import Group
@@ -288,7 +309,7 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
              ("μ̂_L", num(st.get("mu_l"))), ("μ̂_O", num(st.get("mu_o"))),
              ("window", num(st.get("n_window", st.get("window")))),
              ("KV res.", "—" if not isinstance(kv, int | float) else f"{kv:.1%}")]
-    rows: list[Any] = [head, _grid(cells),
+    rows: list[Any] = [head, _line(("  helps ", "cyan"), gain_text(st)), _grid(cells),
                        _line(("  costs ", "cyan"), _costs_text(st)),
                        _line(("  fits  ", "cyan"), _fits_text(st.get("cost_fits")))]
     gate = st.get("gate_reasons")
@@ -311,10 +332,12 @@ def summary_table(engines: dict[str, Any]) -> Table:
 
     t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="cyan")
     t.add_column("engine", overflow="fold", max_width=16)
-    for col in ("mode", "k", "N", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "age"):
+    for col in ("mode", "k", "N", "out tok/s", "vs stock", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "age"):
         t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for eid, st in sorted(engines.items()):
-        t.add_row(eid, str(st.get("mode", "—")), num(st.get("k")), num(st.get("n_max")), num(st.get("theta0")),
+        g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
+        t.add_row(eid, str(st.get("mode", "—")), num(st.get("k")), num(st.get("n_max")),
+                  num(st.get("output_tok_s")), _pct(g.get("vs_stock")), num(st.get("theta0")),
                   num(st.get("delta_theta"), signed=True), num(st.get("theta_star")), num(st.get("n_star")),
                   num(st.get("p0")), num(st.get("eta"), signed=True), age(st.get("last_update_age_s")))
     return t
