@@ -94,6 +94,13 @@ PLAN: dict[str, Step] = {
                                            "machine); tests/sglang/test_sglang_calibrate.py runs --quick"),
     "python tools/learn_real.py": Step("skip", "the real sglang CPU server under load for 5 minutes (a quiet "
                                        "machine)"),
+    "python tools/ab_real.py --configs alone,ebctl --runs 3 --duration 480 --last 240": Step(
+        "skip", "the real sglang CPU server, six fresh servers of 8 minutes each (a quiet machine, about an hour); "
+                "tests/sglang/test_ab_real.py runs a short variant"),
+    "python tools/ab_real.py --configs alone,ebctl --trace uniform:L=600,O=32 --runs 3 --duration 480 --last 240":
+        Step("skip", "the real sglang CPU server, six fresh servers of 8 minutes each (about an hour)"),
+    "python tools/sim_cold.py": Step("run", timeout=1800, expect="worst default / best static", slow=True,
+                                     why=SLOW.format(s="about 6 minutes of simulation")),
 }
 
 # The CLI table's commands in concrete forms, run against the demo while it runs: (command, must contain[,

@@ -49,13 +49,15 @@ def setup(case: str, quick: bool, seed: int) -> tuple[EngineConfig, costs.CostMo
     if case.startswith("cpu"):
         cfg = EngineConfig(max_running=16, token_budget=256, kv_tokens=16384, mixed_chunk=case == "cpu-mixed")
         ks = (2, 4, 8) if quick else (2, 3, 4, 6, 8, 12)
-        return (cfg, costs.LinearCostModel(CPU_COSTS), cpu_workload(20000, seed), 24, 120.0 if quick else 480.0,
+        horizon = 120.0 if quick else 480.0
+        return (cfg, costs.LinearCostModel(CPU_COSTS), cpu_workload(int(30 * horizon), seed), 24, horizon,
                 ["v0", "mb", *(f"eb:k={k}" for k in ks)])
     prof = profiles.load(f"qwen3-8b/{case}")
     kv = hardware.kv_capacity_tokens(prof.model, prof.gpu)
     thetas = (0.05, 0.2, 0.7) if quick else (0.05, 0.1, 0.2, 0.4, 0.6, 0.8)
-    return (EngineConfig(kv_tokens=kv), costs.build(prof), workloads.load("azure-conv", 40000, seed=seed), 2048,
-            150.0 if quick else 600.0, ["v0", "mb", *(f"eb-auto:theta={t}" for t in thetas)])
+    horizon = 150.0 if quick else 600.0  # the workload: twice what the faster GPU finishes in that time
+    return (EngineConfig(kv_tokens=kv), costs.build(prof), workloads.load("azure-conv", int(40 * horizon), seed=seed),
+            2048, horizon, ["v0", "mb", *(f"eb-auto:theta={t}" for t in thetas)])
 
 
 def output_rate(case: str, spec: str, quick: bool, seed: int) -> tuple[float, str]:
