@@ -21,6 +21,15 @@ admission state takes longer (sglang's new_token_ratio, decayed to its floor und
 than it can keep until a retraction backs it off). The iterations between a switch and the new arm's first
 cycle belong to neither arm.
 
+**Ledger**: exploring costs throughput, and on a slow server (the CPU server's windows take 10-27 s) a trial
+runs for minutes. Every window a challenger runs, and every settling window, costs its seconds × (1 − its rate
+/ the incumbent's last rate) when slower (``explore_s``). A trial starts only while that sum is under
+``explore_budget`` of the time since the first report (``budget_left``): the share given up stays within the
+budget plus one trial. One window clearly off the incumbent's last (``early_stop_bar``) decides a trial at once:
+a slower challenger loses, even in its settling window (looked at once it has run ``window_s``, ``_peek``); a
+faster one wins in its first measured window. The incumbent's gain against stock is carried along the trials
+that led to it (``gain``): what ``ebctl status`` shows as "is it helping".
+
 **Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
 dropped, the search starts again from the incumbent with its largest step.
 
@@ -103,7 +112,7 @@ class Tuner:
         self.n = 0  # the engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
-        self.explore_s = 0.0  # engine seconds given up to exploring (Ledger in the module docstring)
+        self.explore_s = 0.0  # engine seconds given up to exploring (the module docstring's Ledger)
         self.explore_run_s = 0.0  # seconds the engine ran a challenger (settling windows included)
         self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
         self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
