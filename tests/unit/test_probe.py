@@ -169,6 +169,7 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     assert oc.passed(BatchKind.DECODE) and oc.passed(BatchKind.MIXED) and not oc.passed(BatchKind.PREFILL)
     ctl.probe = ModeProbe(2.0, 0.05)  # whatever probed so far: a fresh budget
     ctl.tuner.trial, ctl.tuner.settling = None, 0
+    ctl.tuner.ref_lns = [8.0, 8.0, 8.0]  # the incumbent's steady windows (MIN_REF): its noise is known
     ctl.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
     trial = ctl.tuner.trial
     # this server mixes on its own (stock ran MIXED steps): mb is its stock, and the first challenger is EB
@@ -198,6 +199,7 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     t += 61.0
     assert stale.online_costs.missing(BatchKind.PREFILL, t, 60.0).startswith("prefill fit stale")
     stale.probe = ModeProbe(2.0, 0.05)
+    stale.tuner.ref_lns = [8.0, 8.0, 8.0]
     stale.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
     assert stale.update(t).mode is not Mode.EB and stale.probe.count == 0
     stale.tuner._end_trial("aborted", "test")

@@ -333,3 +333,16 @@ def test_a_settling_window_ends_a_trial_only_far_below():
     h = t.history[-1]
     assert h["challenger"] == MB and h["decision"] == "lose" and h["why"].startswith("clearly slower")
     assert h["effect"] == pytest.approx(-0.1) and t.explore_run_s == pytest.approx(3 * 5 * 1.5 / 0.9)
+
+
+def test_noisy_windows_widen_the_bars_and_no_trial_starts_before_the_noise_is_known():
+    """The incumbent's windows at ln rates 8.0, 8.1, 7.9 (sd 0.1): one window decides only beyond 3 sd (0.3), and a
+    pair's sd is at least √1.5 × 0.1. Under three steady windows, no trial starts."""
+    t = Tuner(TunerParams(window=50))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11)
+    t.ref_lns = [8.0, 8.1]
+    t._start_trial(Window("stock", 0.0))
+    assert t.trial is None and t.window_sd == 0.0
+    t.ref_lns = [8.0, 8.1, 7.9]
+    assert t.window_sd == pytest.approx(0.1) and t.early_stop_bar == pytest.approx(0.3)
+    assert t.prior_sd == pytest.approx(math.sqrt(1.5) * 0.1)
