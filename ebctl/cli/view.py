@@ -309,7 +309,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
              ("μ̂_L", num(st.get("mu_l"))), ("μ̂_O", num(st.get("mu_o"))),
              ("window", num(st.get("n_window", st.get("window")))),
              ("KV res.", "—" if not isinstance(kv, int | float) else f"{kv:.1%}")]
-    rows: list[Any] = [head, _line(("  helps ", "cyan"), gain_text(st)), _grid(cells),
+    helps = [_line(("  helps ", "cyan"), gain_text(st))] if isinstance(st.get("gain"), dict) else []
+    rows: list[Any] = [head, *helps, _grid(cells),
                        _line(("  costs ", "cyan"), _costs_text(st)),
                        _line(("  fits  ", "cyan"), _fits_text(st.get("cost_fits")))]
     gate = st.get("gate_reasons")
@@ -327,19 +328,19 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
 
 
 def summary_table(engines: dict[str, Any]) -> Table:
-    """One row per engine, for when the blocks do not fit the terminal's height."""
+    """One row per engine, for when the blocks do not fit the terminal's height (Δθ and η̂ are in the blocks:
+    the row keeps the output rate and the measured gain against stock within 80 columns)."""
     from rich.table import Table
 
     t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="cyan")
     t.add_column("engine", overflow="fold", max_width=16)
-    for col in ("mode", "k", "N", "out tok/s", "vs stock", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "age"):
+    for col in ("mode", "k", "N", "θ̂0", "θ̂*", "N̂*", "p̂0", "tok/s", "gain", "age"):
         t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for eid, st in sorted(engines.items()):
         g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
         t.add_row(eid, str(st.get("mode", "—")), num(st.get("k")), num(st.get("n_max")),
-                  num(st.get("output_tok_s")), _pct(g.get("vs_stock")), num(st.get("theta0")),
-                  num(st.get("delta_theta"), signed=True), num(st.get("theta_star")), num(st.get("n_star")),
-                  num(st.get("p0")), num(st.get("eta"), signed=True), age(st.get("last_update_age_s")))
+                  num(st.get("theta0")), num(st.get("theta_star")), num(st.get("n_star")), num(st.get("p0")),
+                  num(st.get("output_tok_s")), _pct(g.get("vs_stock")), age(st.get("last_update_age_s")))
     return t
 
 
