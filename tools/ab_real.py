@@ -516,6 +516,68 @@ def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: flo
     return "\n".join(rows), summary
 
 
+def _nan(x: Any) -> Any:
+    """None (a NaN written to the strict JSON) → NaN again."""
+    if x is None:
+        return math.nan
+    if isinstance(x, dict):
+        return {k: _nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan(v) for v in x]
+    return x
+
+
+def status_rows(run: dict[str, Any]) -> list[str]:
+    """One markdown row per status read of an ebctl run: time, policy, the search, output rate, gain, cost."""
+    rows = []
+    for snap in run.get("status") or []:
+        e = engine_status(snap.get("status"))
+        tu = e.get("tuner") if isinstance(e.get("tuner"), dict) else {}
+        g = e.get("gain") if isinstance(e.get("gain"), dict) else {}
+
+        def pct(x: Any) -> str:
+            return f"{x:+.1%}" if isinstance(x, int | float) and math.isfinite(x) else "-"
+
+        gain = f"{pct(g.get('vs_stock'))} [{pct(g.get('low'))}, {pct(g.get('high'))}]" if g else "-"
+        cost = g.get("explore_share")
+        rows.append(f"| {snap.get('t', math.nan):.0f} | {e.get('mode', '-')} | {e.get('k', '-')} | "
+                    f"{e.get('n_max', '-')} | {tu.get('state', '-')} | {tu.get('incumbent', '-')} | "
+                    f"{fmt(e.get('output_tok_s'))} | {gain} | "
+                    f"{f'{cost:.1%}' if isinstance(cost, int | float) and math.isfinite(cost) else '-'} |")
+    return rows
+
+
+def report(doc: dict[str, Any], command: str) -> str:
+    """The markdown record of a finished A/B (``--report``): setup, every run's line, the table, and for each
+    ebctl run its status reads and the trials its controller ran."""
+    st = doc["settings"]
+    names, runs = doc["configs"], doc["runs"]
+    baseline = st["baseline"] if isinstance(st.get("baseline"), str) and st["baseline"] else names[0]
+    text, _ = table(names, runs, baseline, st["last"])
+    width = max(len(n) for n in names)
+    out = [f"`{command}`", "",
+           f"{st['runs']} round(s) of {st['duration']:.0f} s, c = {st['concurrency']}, workload "
+           f"{doc['workload']['source']} (seed {doc['workload']['seed']}), base args `{shlex.join(doc['base_args'])}`, "
+           "one pinned OpenMP thread; configurations interleaved, each run on a fresh server.", "", "```",
+           *(run_line(r["round"], st["runs"], r, width) for r in runs), "```", "",
+           f"Medians over runs; ratio: bootstrap median [95% interval] of mean output tok/s against {baseline}.", "",
+           text]
+    for r in runs:
+        if not r.get("status"):
+            continue
+        out += ["", f"**Round {r['round']}, {r['config']}**: throughput per {doc['bin_s']:.0f}-s bin "
+                    f"{', '.join(fmt(x) for x in r.get('summary', {}).get('bins_30s', []))}", "",
+                "| t (s) | mode | k | N | search | incumbent | output tok/s (last min) | gain vs stock [95%] | "
+                "exploring cost |", "|---|---|---|---|---|---|---|---|---|", *status_rows(r)]
+        last = engine_status(r["status"][-1].get("status"))
+        for h in ((last.get("tuner") or {}).get("history") or []):
+            eff = h.get("effect")
+            out.append(f"- trial {h['incumbent']} against {h['challenger']}: windows {h['rates']}, effect "
+                       f"{f'{eff:+.1%}' if isinstance(eff, int | float) and math.isfinite(eff) else '-'}, "
+                       f"{h['decision']} {h.get('why') or ''}".rstrip())
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -542,10 +604,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="a tiny model already built by make_tiny_model.py (default: build one in the workdir)")
     ap.add_argument("--quick", action="store_true",
                     help="CI: alone,ebctl, 1 run, 45 s, --last 20, status every 15 s (each unless given)")
+    ap.add_argument("--report", type=Path, default=None, help="write a markdown record of the A/B here")
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="run nothing: read a finished A/B's --json and print (with --report, write) its record")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.client:
         return client_main(a.client)
+    if a.from_json:
+        doc = _nan(json.loads(a.from_json.read_text()))
+        st = doc["settings"]
+        cmd = "python tools/ab_real.py " + " ".join(
+            f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in st.items()
+            if isinstance(v, str | int | float) and v not in (False, "") and v == v
+            and k in ("configs", "runs", "duration", "last", "trace", "server_args"))
+        md = report(doc, cmd)
+        if a.report:
+            a.report.write_text(md)
+        print(md)
+        return 0
     for key, full, quick in (("runs", 3, 1), ("duration", 480.0, 45.0), ("last", 240.0, 20.0),
                              ("status_every", 60.0, 15.0)):
         if getattr(a, key) is None:
@@ -619,6 +696,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in runs if "summary" not in r or r["summary"]["failed"] or r["summary"]["unfinished"]]
     if a.json:
         write_json(a, names, args, pairs, runs, summary)
+    if a.report:
+        cmd = f"python tools/ab_real.py {shlex.join(sys.argv[1:] if argv is None else argv)}"
+        doc = {"settings": {**vars(a), "baseline": baseline}, "configs": names, "runs": runs, "base_args": args,
+               "workload": {"source": a.trace or "issue", "seed": a.seed}, "bin_s": BIN_S}
+        a.report.write_text(report(doc, cmd))
     for r in bad:
         print(f"[ab] NOT OK: round {r['round']} {r['config']}: "
               f"{r.get('error') or {k: r['summary'][k] for k in ('failed', 'unfinished')}} {r.get('errors') or ''}")

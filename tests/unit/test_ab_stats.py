@@ -124,3 +124,13 @@ def test_status_text_prints_gain_and_exploration_when_present(ab):
     assert ab.status_text(ab.engine_status({"engines": {"dp0": {"mode": "off", "k": 1, "n_max": 16}}})) == \
         "mode off k 1 n_max 16"
     assert ab.status_text(ab.engine_status(None)) == "no status"
+
+
+def test_a_status_read_is_one_row_of_the_record(ab):
+    engine = {"mode": "eb", "k": 4, "n_max": 16, "output_tok_s": 687.4,
+              "tuner": {"state": "trial", "incumbent": "eb@6"},
+              "gain": {"vs_stock": 0.318, "low": 0.282, "high": 0.355, "explore_share": 0.0042}}
+    run = {"status": [{"t": 60.2, "status": {"engines": {"dp0": engine}}}, {"t": 120.0, "status": None}]}
+    assert ab.status_rows(run) == [
+        "| 60 | eb | 4 | 16 | trial | eb@6 | 687 | +31.8% [+28.2%, +35.5%] | 0.4% |",
+        "| 120 | - | - | - | - | - | - | - | - |"]
