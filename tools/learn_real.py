@@ -51,7 +51,9 @@ SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disa
 # waits), and with rounds of 240 a window of 400 completions (the default) held two tails and the round's
 # restart, and was never saturated on 90% of its time: in 5 minutes the tuner ran no trial.
 WORKLOAD = {"input_len": 48, "output_len": 64, "range_ratio": 0.5, "num_prompts": 720}
-QUICK_SETS = ["controller.tune_window=50", "controller.window=200"]
+# --quick: 150 s, so the exploration budget (1% of the time: 1.5 s) would allow one trial at most; the check is that
+# every cost fit learns, and the prefill fit learns from EB's iterations (the server mixes on its own)
+QUICK_SETS = ["controller.tune_window=50", "controller.window=200", "controller.tune_explore_budget=0.2"]
 
 
 def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
