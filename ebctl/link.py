@@ -54,6 +54,10 @@ _MAX_DRAIN = 64  # policy frames read per policy() call at most (bounds the call
 _POLICY_RCVHWM = 64
 _RECONNECT_IVL_MS = 100
 _RECONNECT_IVL_MAX_MS = 1000
+# The longest policy lifetime an engine accepts (s): one day, the most controller.ttl_s can be (config: above
+# 600 s only with daemon.allow_long_ttl, and never above a day). A longer one comes from no configuration and
+# would outlive a dead daemon: the engine refuses it and keeps what it runs.
+MAX_TTL_S = 86_400.0
 
 
 def topic(engine_id: str) -> bytes:
@@ -69,6 +73,21 @@ def reject_reason(err: ProtocolError) -> str:
     if text.startswith("malformed"):
         return "malformed"
     return "validation"
+
+
+def policy_fault(p: Any, max_running: int = 0) -> str | None:
+    """Why an engine refuses a policy that decoded and validated, or None to apply it: 'ttl' (lives longer
+    than MAX_TTL_S), 'n_max' (above the engine's own cap on running requests; ``max_running`` 0: unknown,
+    not checked), 'k' (more free slots to wait for than n_max). The first that applies; ``ttl_s`` is checked
+    on any policy type, n_max and k on a :class:`Policy`."""
+    if not p.ttl_s <= MAX_TTL_S:
+        return "ttl"
+    if isinstance(p, Policy):
+        if max_running > 0 and p.n_max > max_running:
+            return "n_max"
+        if p.k > p.n_max:
+            return "k"
+    return None
 
 
 def _background_context() -> zmq.Context:
@@ -88,9 +107,11 @@ class EngineLink:
     def __init__(self, engine_id: str, *, telemetry_endpoint: str, policy_endpoint: str, queue: int = 1000,
                  curve_client_key: str = "", curve_server_public: str = "", insecure: bool = False,
                  context: zmq.Context | None = None, flush_s: float = 0.005,
-                 policy_type: type = Policy) -> None:
+                 policy_type: type = Policy, max_running: int = 0) -> None:
         """``policy_type``: what arrives under this id (``Policy``; the DP controller's dispatcher:
-        ``DispatchPolicy``); any struct with ``engine_id``, ``version``, ``issued_at`` and ``ttl_s``."""
+        ``DispatchPolicy``); any struct with ``engine_id``, ``version``, ``issued_at`` and ``ttl_s``.
+        ``max_running``: the engine's own cap on running requests (0: unknown); a policy above it is refused
+        (:func:`policy_fault`)."""
         if not engine_id or "\0" in engine_id or len(engine_id) > 128:
             raise ValueError(f"engine_id={engine_id!r}: 1..128 characters, no NUL")
         if queue < 1:
@@ -121,11 +142,13 @@ class EngineLink:
                 self._ctx.term()
             raise
         self._policy_type = policy_type
+        self.max_running = max_running
         self._policy: Any = None
         self._received_at = 0.0
         self._expires_at = 0.0
         self.sent = self.dropped = self.policies = self.unencodable = 0
-        self.rejected = {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0}
+        self.rejected = {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0, "ttl": 0, "n_max": 0,
+                         "k": 0}
         self._closed = False
         self._queue = queue
         self._outbox: collections.deque[IterationReport | DispatchReport | tuple] = collections.deque()
@@ -136,11 +159,12 @@ class EngineLink:
         self._io.start()
 
     @classmethod
-    def from_config(cls, cfg: Config, engine_id: str, *, policy_type: type = Policy) -> EngineLink:
+    def from_config(cls, cfg: Config, engine_id: str, *, policy_type: type = Policy,
+                    max_running: int = 0) -> EngineLink:
         d = cfg.daemon
         return cls(engine_id, telemetry_endpoint=cfg.endpoint("telemetry"), policy_endpoint=cfg.endpoint("policy"),
                    curve_client_key=d.curve_client_key, curve_server_public=d.curve_server_key,
-                   insecure=d.insecure, policy_type=policy_type)
+                   insecure=d.insecure, policy_type=policy_type, max_running=max_running)
 
     def _socket(self, kind: int, curve: bool, client_key: str, server_public: str, made: list[zmq.Socket]
                 ) -> zmq.Socket:
@@ -229,14 +253,26 @@ class EngineLink:
                 self._stop.wait(0.1)
 
     def _accept(self, frame: bytes, now: float) -> None:
+        """Take one frame from the daemon: keep it if it is the newest valid policy, else drop and count it.
+        Runs on the engine's thread, where an exception would switch the plugin off: whatever a frame makes
+        the decoder raise is a refused frame, never an error."""
         self.policies += 1
         try:
             p = decode(memoryview(frame)[len(self._topic):], self._policy_type)
         except ProtocolError as e:
             self._count_rejected(reject_reason(e), e)
             return
+        except Exception as e:  # the decoder promises ProtocolError only; an engine must not depend on it
+            self._count_rejected("malformed", repr(e))
+            return
         if p.engine_id != self.engine_id:
             self._count_rejected("engine_id", f"policy for {p.engine_id!r} under topic {self.engine_id!r}")
+            return
+        fault = policy_fault(p, self.max_running)
+        if fault is not None:
+            self._count_rejected(fault, f"version {p.version}: k={getattr(p, 'k', None)}, "
+                                        f"n_max={getattr(p, 'n_max', None)}, ttl_s={p.ttl_s} (engine: "
+                                        f"max_running={self.max_running or 'unknown'}, ttl_s <= {MAX_TTL_S:g})")
             return
         cur = self._policy
         # Newest by version. Within one daemon versions never go back; a lower version issued later than

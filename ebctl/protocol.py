@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 PROTOCOL_VERSION = 1
+MAX_SEQ = 1 << 53  # a report's seq counts iterations: beyond this it is not a counter (and not exact as a float)
 
 
 class ProtocolError(ValueError):
@@ -245,6 +246,8 @@ def _validate_report(r: IterationReport) -> None:
                  "running", "waiting", "kv_used", "kv_total", "max_running"):
         if getattr(r, name) < 0:
             raise ProtocolError(f"{name}={getattr(r, name)}: must be >= 0")
+    if r.seq > MAX_SEQ:
+        raise ProtocolError(f"seq={r.seq}: must be <= 2**53")
     _finite_nonneg("forward_s", r.forward_s)
     if not math.isfinite(r.wall_time):
         raise ProtocolError("wall_time must be finite")
@@ -310,7 +313,7 @@ def decode(data: bytes, kind: Any) -> Any:
     ProtocolError on anything wrong."""
     try:
         msg = _decoders[kind].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except Exception as e:  # msgspec's errors, and whatever else a hostile frame can provoke: never past here
         # A frame of a newer (or older) version may not even fit the struct: say which version it was.
         v = _peek_version(data)
         if v is not None and v != PROTOCOL_VERSION:
@@ -325,9 +328,12 @@ def decode(data: bytes, kind: Any) -> Any:
 
 
 def _peek_version(data: bytes) -> int | None:
+    """The ``v`` of a frame that does not fit its struct, if it is a map with an int ``v``. Anything the
+    untyped decoder raises means "no version" (invalid UTF-8 in a key raises ``UnicodeDecodeError``, not
+    ``DecodeError``)."""
     try:
         obj = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+    except Exception:
         return None
     v = obj.get("v") if isinstance(obj, dict) else None
     return v if isinstance(v, int) else None

@@ -48,7 +48,8 @@ class Lifecycle:
         self.sync_forward = str(sched.device) == "cpu"
         self.kinds = reading.batch_kinds()
         if self.reporting:
-            self.link = EngineLink.from_config(cfg, self.engine_id)
+            # the link refuses a policy above this scheduler's own cap (counted in its stats' "rejected")
+            self.link = EngineLink.from_config(cfg, self.engine_id, max_running=self.max_running)
         if cfg.engine.trace_dir:  # line-buffered: a test reads it while the server runs
             path = os.path.join(cfg.engine.trace_dir, f"trace.dp{where.dp}.r{where.rank}.jsonl")
             self.trace = open(path, "a", buffering=1)  # noqa: SIM115 -- open for the process's life

@@ -7,7 +7,9 @@ Nothing here blocks, logs or allocates per iteration beyond the report row (docs
 Where the policy comes from: a rank alone in its scheduling group reads the newest policy from its link
 after planning each step (``end_step``); in a group of several ranks (TP/CP/PP) the source rank reads it
 and every rank applies it from the envelope the source adds to sglang's request broadcast
-(``group.py``), at the same iteration.
+(``group.py``), at the same iteration. The link hands on only policies this engine can run: one above its
+``max_running_requests``, with k above n_max, or living longer than a day is refused there and counted
+(``ebctl.link.policy_fault``; ``status()["link"]["rejected"]``), and what runs stays as it was.
 
 What is applied (docs/design.md §2, tools/sglang_cpu/HOOKS.md sections 2-6):
 - no policy, an expired one, ``off``, or a disabled plugin: ``is_mixed_chunk`` at its launch value, no

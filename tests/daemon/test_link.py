@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -90,8 +91,10 @@ def test_topic_is_the_engine_id_exactly(tmp, pub):
     dp1, dp10 = links(tmp, pub, "dp1", "dp10")
     connected(pub, dp1, "dp1")
     connected(pub, dp10, "dp10")
-    pub.send(topic("dp1") + encode(Policy(engine_id="dp1", version=7, ttl_s=60.0, mode=Mode.EB, k=3)))
-    pub.send(topic("dp10") + encode(Policy(engine_id="dp10", version=9, ttl_s=60.0, mode=Mode.MB, k=5)))
+    pub.send(topic("dp1") + encode(Policy(engine_id="dp1", version=7, ttl_s=60.0, mode=Mode.EB, k=3,
+                                          n_max=8)))
+    pub.send(topic("dp10") + encode(Policy(engine_id="dp10", version=9, ttl_s=60.0, mode=Mode.MB, k=5,
+                                           n_max=8)))
     p1 = wait_for(lambda: (p := dp1.policy(time.monotonic())) and p.version == 7 and p, what="dp1 v7")
     p10 = wait_for(lambda: (p := dp10.policy(time.monotonic())) and p.version == 9 and p, what="dp10 v9")
     assert (p1.engine_id, p1.mode, p1.k) == ("dp1", Mode.EB, 3)
@@ -243,3 +246,97 @@ def test_report_rows_are_built_on_the_io_thread_and_bad_rows_never_wedge_the_que
         link.close()
         pull.close(0)
         ctx.term()
+
+
+def _rejected(link) -> dict[str, int]:
+    return dict(link.stats()["rejected"])
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: n - before[k] for k, n in after.items() if n != before[k]}
+
+
+def test_garbage_policy_frames_are_dropped_and_counted_and_the_next_good_one_applies(tmp, pub):
+    """Whatever bytes arrive under the engine's topic, ``policy()`` never raises: each bad frame is counted
+    once under one reason, and a valid policy after them is applied."""
+    (link,) = links(tmp, pub, "e0")
+    connected(pub, link, "e0")
+    good = Policy(engine_id="e0", version=1, ttl_s=60.0, mode=Mode.EB, k=2, n_max=8)
+    crafted = [  # by hand: 5 malformed, 1 for another id, 1 of another version, 1 that fails validation
+        b"",
+        # a map whose key is invalid UTF-8 (made the old decoder raise UnicodeDecodeError): msgspec skips the
+        # unknown key unread, which leaves a Policy of defaults, for engine "" (not "e0")
+        b"\x81\xa1\xff\x01",
+        b"\xc1",  # a byte msgpack never uses
+        encode(good)[:-1],  # cut short
+        encode(good) + b"\x00",  # trailing data
+        b"\x91" * 5000 + b"\xc0",  # nested 5000 deep
+        msgspec.msgpack.encode({"type": "policy", "v": 2, "k": "x"}),  # another version that does not fit
+        msgspec.msgpack.encode({"type": "policy", "v": 1, "engine_id": "e0", "k": 0}),  # k >= 1 violated
+    ]
+    before = _rejected(link)
+    for frame in crafted:
+        pub.send(topic("e0") + frame)
+    pub.send(topic("e0") + encode(good))
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 1, what="v1 after the crafted frames")
+    assert _delta(_rejected(link), before) == {"malformed": 5, "engine_id": 1, "version": 1, "validation": 1}
+
+    rng = random.Random(25)
+    sent = 0
+    for version in range(2, 7):  # rounds of 30: well inside the receive queue (64), so none is lost
+        before = _rejected(link)
+        for _ in range(30):
+            pub.send(topic("e0") + rng.randbytes(rng.randint(0, 48)))
+        sent += 30
+        pub.send(topic("e0") + encode(msgspec.structs.replace(good, version=version)))
+        wait_for(lambda v=version: link.policy(time.monotonic()).version == v, what=f"v{version}")
+        assert sum(_delta(_rejected(link), before).values()) == 30  # each random frame refused, once
+    assert sent == 150 and link.stats()["policy_version"] == 6
+    link.close()
+
+
+def test_a_decoder_that_raises_anything_only_drops_the_frame(tmp, pub, monkeypatch):
+    """The decoder promises ProtocolError only; the link does not depend on it: any exception is a
+    malformed frame, and the policy in force stays."""
+    import ebctl.link
+
+    real = ebctl.link.decode
+    errors = {b"U": UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), b"R": RecursionError(),
+              b"K": KeyError("v"), b"M": MemoryError()}
+
+    def decode(data, kind):
+        if bytes(data[:1]) in errors:
+            raise errors[bytes(data[:1])]
+        return real(data, kind)
+
+    (link,) = links(tmp, pub, "e0")
+    connected(pub, link, "e0")
+    monkeypatch.setattr(ebctl.link, "decode", decode)
+    pub.send(topic("e0") + encode(Policy(engine_id="e0", version=3, ttl_s=60.0)))
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 3, what="v3")
+    before = _rejected(link)
+    for marker in errors:
+        pub.send(topic("e0") + marker + b"...")
+    pub.send(topic("e0") + encode(Policy(engine_id="e0", version=4, ttl_s=60.0)))
+    wait_for(lambda: link.policy(time.monotonic()).version == 4, what="v4 after the frames that raised")
+    assert _delta(_rejected(link), before) == {"malformed": 4}
+    link.close()
+
+
+def test_a_policy_beyond_the_engines_limits_is_refused_counted_and_the_one_in_force_stays(tmp, pub):
+    (link,) = links(tmp, pub, "e0", max_running=16)
+    connected(pub, link, "e0")
+    at_limit = Policy(engine_id="e0", version=1, ttl_s=86_400.0, mode=Mode.EB, k=16, n_max=16)  # all at bounds
+    pub.send(topic("e0") + encode(at_limit))
+    wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 1, what="v1 at the limits")
+    before = _rejected(link)
+    for version, changes in ((2, {"n_max": 17}), (3, {"k": 9, "n_max": 8}), (4, {"ttl_s": 86_400.5}),
+                             (5, {"ttl_s": 1e7, "n_max": 17})):  # two faults: counted once, as the first (ttl)
+        pub.send(topic("e0") + encode(msgspec.structs.replace(at_limit, version=version, **changes)))
+    want = {"n_max": 1, "k": 1, "ttl": 2}
+    wait_for(lambda: link.policy(time.monotonic()) and _delta(_rejected(link), before) == want,
+             what=f"refusals {want}")
+    assert link.policy(time.monotonic()).version == 1  # still the one in force
+    pub.send(topic("e0") + encode(msgspec.structs.replace(at_limit, version=6, k=3, n_max=8)))
+    wait_for(lambda: link.policy(time.monotonic()).version == 6, what="v6 within the limits")
+    link.close()

@@ -316,3 +316,38 @@ def test_a_raised_cap_reopens_the_running_batch_the_plan_hands_on(st):
     st.link.p = eb(n_max=8)
     hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=handed_on)), sched)
     assert st.cap == 8 and handed_on.batch_is_full is False
+
+
+def test_a_policy_above_the_servers_max_running_is_refused_counted_and_the_engine_stays_stock(monkeypatch, tmp_path):
+    """``start`` hands the server's max_running_requests to the link: a policy above it never reaches the
+    scheduler (stock goes on, the plugin stays on), and status shows the refusal with the link's others."""
+    from time import monotonic
+
+    from ebctl.link import topic
+    from ebctl.protocol import encode
+
+    cfg = tmp_path / "ebctl.toml"
+    cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\n')
+    monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
+    monkeypatch.setattr(state.reading, "ranks", lambda: reading.Ranks(0, True, 1))
+    monkeypatch.setattr(state.reading, "batch_kinds", lambda: {})
+    s = PluginState()
+    sched = Sched(max_running_requests=48)
+    s.start(sched)
+    try:
+        def arrive(**kw):  # what the link's I/O thread queues for the engine's thread
+            s.link._inbox.append(topic("dp0") + encode(Policy(engine_id="dp0", ttl_s=60.0, mode=Mode.EB, **kw)))
+
+        arrive(version=1, k=4, n_max=49)
+        st = s.status(sched)
+        assert (st["enabled"], st["policy_version"], s.cap, sched.is_mixed_chunk) == (True, -1, None, False)
+        assert st["link"]["rejected"]["n_max"] == 1 and sum(st["link"]["rejected"].values()) == 1
+        arrive(version=2, k=49, n_max=48)  # k above n_max
+        arrive(version=3, k=4, n_max=48)  # at the server's limit: applied
+        s.refresh(sched, monotonic())
+        st = s.status(sched)
+        assert (st["enabled"], st["policy_version"], st["n_max"], s.cap) == (True, 3, 48, 48)
+        assert st["link"]["rejected"] == {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0, "ttl": 0,
+                                          "n_max": 1, "k": 1}
+    finally:
+        s.link.close()
