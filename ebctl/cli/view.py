@@ -4,6 +4,10 @@ terminal, two engines and more) and the full one (``status_view(full=True)``, ``
 daemon sends, known or not). Pure output: nothing here talks to the daemon or reads the config, so the views
 are tested with plain dicts.
 
+Every string a view shows goes through :func:`shown`, and reaches rich as plain text, never as markup: engine
+ids, reasons and keys come from engines and dispatchers (through the daemon), and a terminal obeys the escape
+sequences a string carries.
+
 rich is imported by the functions that build a view and by the first use of ``_out``, the console they print
 on: ``--json``, ``tune`` and ``reload`` print without it.
 """
@@ -35,6 +39,31 @@ def __getattr__(name: str) -> Any:
     return out
 
 
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(x: Any) -> str:
+    """``str(x)`` safe to print on a terminal: each non-printable character (C0 and C1 controls, ESC among
+    them, DEL, Unicode format and separator characters such as bidi overrides) becomes its escape as
+    ``repr`` writes it (``\\x1b``, ``\\u202e``, ``\\n``); printable Unicode ("é", "θ̂") stays as it is."""
+    s = x if isinstance(x, str) else str(x)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _SHORT.get(c) or _escape(ord(c)) for c in s)
+
+
+def _escape(n: int) -> str:
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def _text(x: Any) -> Text:
+    """A table cell or title: :func:`shown`, as rich text (a ``str`` there is markup: "[/x]" in an engine id
+    would raise, ":smile:" would become an emoji)."""
+    from rich.text import Text
+
+    return Text(shown(x))
+
+
 def jsonable(x: Any) -> Any:
     """NaN and infinities → null, so ``--json`` output is valid JSON."""
     if isinstance(x, float):
@@ -56,11 +85,11 @@ def print_changes(data: Any, asked: dict[str, Any] | None = None) -> None:
     changed = data.get("changed", {}) if isinstance(data, dict) else {}
     for key, value in (asked or {}).items():
         if key not in changed:
-            typer.echo(f"{key} = {json.dumps(value)} (unchanged)")
+            typer.echo(f"{shown(key)} = {json.dumps(value)} (unchanged)")
     for key, (old, new) in changed.items():
-        typer.echo(f"{key} = {json.dumps(new)} (was {json.dumps(old)})")
+        typer.echo(f"{shown(key)} = {json.dumps(new)} (was {json.dumps(old)})")
     if isinstance(data, dict) and data.get("needs_restart"):
-        typer.echo(f"needs a restart to take effect: {', '.join(data['needs_restart'])}")
+        typer.echo(f"needs a restart to take effect: {', '.join(map(shown, data['needs_restart']))}")
 
 
 
@@ -87,23 +116,23 @@ def fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3e}" if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5) else f"{x:.4g}"
     if isinstance(x, dict):
-        return " ".join(f"{k}={fmt(v)}" for k, v in x.items())
+        return " ".join(f"{shown(k)}={fmt(v)}" for k, v in x.items())
     if isinstance(x, list | tuple):
         return "[" + ", ".join(fmt(v) for v in x) + "]"
-    return str(x)
+    return shown(x)
 
 
 def pairs_grid(title: str, pairs: list[tuple[str, str]]) -> Table:
     """(label, value) pairs in two column pairs, filled top to bottom."""
     from rich.table import Table
 
-    grid = Table(title=title, title_justify="left", show_header=False)
+    grid = Table(title=_text(title), title_justify="left", show_header=False)
     for _ in range(2):
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column(justify="right")
     half = (len(pairs) + 1) // 2
     for left, right in zip(pairs[:half], [*pairs[half:], ("", "")], strict=False):
-        grid.add_row(*left, *right)
+        grid.add_row(*map(_text, (*left, *right)))
     return grid
 
 
@@ -120,12 +149,12 @@ def engine_view(engine_id: str, st: dict[str, Any]) -> Group:
     long.add_column(style="cyan", no_wrap=True)
     long.add_column()
     if isinstance(st.get("costs"), dict):
-        long.add_row("costs in use", fmt(st["costs"]))
+        long.add_row("costs in use", _text(fmt(st["costs"])))
     for phase, fit in (st.get("cost_fits") or {}).items():
-        long.add_row(f"cost fit {phase}", fmt(fit))
+        long.add_row(_text(f"cost fit {phase}"), _text(fmt(fit)))
     for key in ("reason", "last_error"):
         if st.get(key):
-            long.add_row(key, str(st[key]))
+            long.add_row(key, _text(st[key]))
     return Group(grid, long)
 
 
@@ -177,12 +206,13 @@ def age(seconds: Any) -> str:
 
 
 def _line(*parts: tuple[str, str] | str, style: str = "") -> Text:
-    """One row that never wraps (cut with … at the terminal's edge): the height of the view stays fixed."""
+    """One row that never wraps (cut with … at the terminal's edge): the height of the view stays fixed.
+    A part is a string or (string, style); each string goes through :func:`shown`."""
     from rich.text import Text
 
     t = Text(no_wrap=True, overflow="ellipsis", style=style)
     for p in parts:
-        t.append(*p) if isinstance(p, tuple) else t.append(p)
+        t.append(shown(p[0]), p[1]) if isinstance(p, tuple) else t.append(shown(p))
     return t
 
 
@@ -199,7 +229,8 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
         where.append(f"metrics {d['metrics']}")
     lines = [first, _line(" · ".join(where), style="dim")]
     problems = [(k, v) for k, v in _flatten({k: v for k, v in counts.items() if k not in
-                                             ("received", "published", "republished", "control_requests")})
+                                             ("received", "published", "republished", "control_requests", "frames",
+                                              "dispatch_received")})
                 if isinstance(v, int | float) and v]
     restarts = d.get("restarts", d.get("daemon_restarts"))
     if restarts:  # by ebctl start's supervisor
@@ -207,6 +238,8 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
     if problems:
         lines.append(_line(("problems ", "bold yellow"), " · ".join(f"{k} {num(v)}" for k, v in problems),
                            style="yellow"))
+    for warning in d.get("warnings") or ():  # the set-up runs, but an operator should fix it
+        lines.append(_line(("warning ", "bold red"), str(warning), style="red"))
     tuned = d.get("tuned")
     if tuned:  # changed with `ebctl tune set`, not from the config file
         text = ", ".join(f"{k}={v}" for k, v in tuned.items()) if isinstance(tuned, dict) else fmt(tuned)
@@ -225,7 +258,7 @@ def _grid(cells: list[tuple[str, str]], per_row: int = 4) -> Table:
         grid.add_column(justify="right", no_wrap=True, min_width=9)
     for i in range(0, len(cells), per_row):
         row = cells[i:i + per_row]
-        grid.add_row("", *(x for cell in row for x in cell))
+        grid.add_row("", *(_text(x) for cell in row for x in cell))
     return grid
 
 
@@ -290,8 +323,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     head = _line(("engine ", "bold"), (engine_id, "bold cyan"))
     if isinstance(st.get("group_size"), int) and st["group_size"] > 1:
         head.append(f" (group of {num(st['group_size'])})")
-    head.append(f" · policy v{st.get('version', '?')} · {num(st.get('reports'))} reports, last "
-                f"{age(st.get('last_report_age_s'))} ago")
+    head.append(shown(f" · policy v{st.get('version', '?')} · {num(st.get('reports'))} reports, last "
+                      f"{age(st.get('last_report_age_s'))} ago"))
     if st.get("seq_gaps"):
         head.append(f" · {num(st['seq_gaps'])} lost", style="yellow")
     if st.get("mixed_unavailable"):
@@ -320,9 +353,9 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     if isinstance(st.get("eb_lhs"), int | float) and math.isfinite(st["eb_lhs"]):
         why.append(f" · Eq. 8: {num(st['eb_lhs'])} vs {num(st.get('eb_rhs'))}")
     if st.get("mixed_unavailable") and st.get("mixed_unavailable_reason"):
-        why.append(f" · mb unavailable: {st['mixed_unavailable_reason']}", style="yellow")
+        why.append(shown(f" · mb unavailable: {st['mixed_unavailable_reason']}"), style="yellow")
     if st.get("last_error"):
-        why.append(f" · error: {st['last_error']}", style="red")
+        why.append(shown(f" · error: {st['last_error']}"), style="red")
     rows.append(why)
     return Group(*rows)
 
@@ -338,9 +371,10 @@ def summary_table(engines: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True)
     for eid, st in sorted(engines.items()):
         g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
-        t.add_row(eid, str(st.get("mode", "—")), num(st.get("k")), num(st.get("n_max")),
-                  num(st.get("theta0")), num(st.get("theta_star")), num(st.get("n_star")), num(st.get("p0")),
-                  num(st.get("output_tok_s")), _pct(g.get("vs_stock")), age(st.get("last_update_age_s")))
+        t.add_row(*map(_text, (eid, st.get("mode", "—"), num(st.get("k")), num(st.get("n_max")),
+                               num(st.get("theta0")), num(st.get("theta_star")), num(st.get("n_star")),
+                               num(st.get("p0")), num(st.get("output_tok_s")), _pct(g.get("vs_stock")),
+                               age(st.get("last_update_age_s")))))
     return t
 
 
@@ -389,7 +423,7 @@ def status_view(data: dict[str, Any], *, full: bool = False, height: int | None 
     parts: list[Any] = [*_daemon_lines(data.get("daemon") or {}), ""]
     if not engines:
         known = (data.get("daemon") or {}).get("engines")
-        parts.append(Text(f"none of the {known} engines matches --engine" if known else
+        parts.append(Text(shown(f"none of the {known} engines matches --engine") if known else
                           "no engine has reported yet", style="dim"))
     elif height is not None and len(parts) + (BLOCK_ROWS + 1) * len(engines) - 1 > height:  # blank between
         parts += [summary_table(engines), Text(f"{len(engines)} engines: too many for {height} rows; "
