@@ -131,11 +131,16 @@ class Globals:
         return out
 
     def load(self, path: str | None = None) -> Config:
-        """The effective Config (``path`` replaces ``--config``); a bad file or value exits 2."""
+        """The effective Config (``path`` replaces ``--config``); a bad file or value exits 2, with one line."""
         try:
             return config.load(path or self.config, self.overrides())
         except ConfigError as e:
             fail(f"invalid configuration: {e}", 2)
+        except UnicodeDecodeError as e:
+            fail(f"invalid configuration: config file {path or self.config or config.DEFAULT_PATH}: not UTF-8 "
+                 f"text (byte {e.start}: {e.reason})", 2)
+        except OSError as e:
+            fail(f"invalid configuration: config file {path or self.config or config.DEFAULT_PATH}: {e}", 2)
 
 
 _GLOBAL_PARAMS = [

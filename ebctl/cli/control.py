@@ -1,11 +1,13 @@
 """The ``ebctl`` commands that read and steer a running daemon: ``status`` (once, ``--json`` or
 ``--watch``), ``tune set``, ``tune calibrate``, ``reload``, and ``config show`` / ``config check`` (the
-effective configuration, this one's or the daemon's). Each is a control request and a print.
+effective configuration, this one's or the daemon's). Each is a control request and a print; ``reload``
+finding no daemon asks the ``ebctl start`` that holds the runtime directory, if any, to start one.
 """
 
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import typer
 
 from ebctl import config
 from ebctl.cli import view
-from ebctl.cli.common import Globals, app, ask, command, config_app, fail, say, tune_app, unreachable_message
+from ebctl.cli.common import Globals, answers, app, ask, command, config_app, fail, say, tune_app, unreachable_message
 from ebctl.cli.view import jsonable, print_changes, print_json, status_view
 from ebctl.config import Config, ConfigError
 
@@ -123,10 +125,46 @@ def calibrate(
 
 @command(app)
 def reload(cfg: Config) -> None:
-    """Re-read the daemon's config file; a broken file is refused (exit 2) and the running config stays."""
-    data = ask(cfg, "reload", refused=2)
+    """Re-read the daemon's config file; a broken file is refused (exit 2) and the running config stays.
+    With the daemon down under `ebctl start` (e.g. after it refused its file), start it again."""
+    try:
+        data = ask(cfg, "reload", refused=2)
+    except ConnectionError:
+        _restart_under_start(cfg)
+        return
     typer.echo("reloaded" + ("" if isinstance(data, dict) and data.get("changed") else ": nothing changed"))
     print_changes(data)
+
+
+RESTART_WAIT_S = 15.0  # how long `reload` waits for a daemon that `ebctl start` starts again to answer
+
+
+def _restart_under_start(cfg: Config) -> None:
+    """No daemon answers: the ``ebctl start`` holding the runtime directory, if any, starts one (SIGUSR1), which
+    reads the config file as it is now. Waits for it to answer; a refused configuration exits 2, as a refused
+    reload does. No ``start`` there: unreachable (exit 1)."""
+    from ebctl.cli import supervisor
+
+    run_dir = cfg.daemon.runtime_dir
+    before = supervisor.holder(run_dir)
+    if before is None:
+        raise ConnectionError
+    try:
+        os.kill(before.pid, supervisor.RETRY_SIGNAL)
+    except ProcessLookupError:
+        raise ConnectionError from None
+    say(f"ebctl reload: no daemon answers; asked ebctl start (pid {before.pid}) to start it again")
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while time.monotonic() < deadline:
+        if answers(cfg, timeout_s=0.5):
+            typer.echo("reloaded: the daemon started again, with the config file as it is now")
+            return
+        now = supervisor.holder(run_dir)
+        if now is not None and now.refused > before.refused:
+            fail(f"ebctl reload: the daemon refused its configuration again: {now.said or '(no message)'}", 2)
+        time.sleep(0.2)
+    fail(f"ebctl reload: still no daemon at {cfg.endpoint('control')} after {RESTART_WAIT_S:g} s; "
+         f"ebctl start's output (pid {before.pid}) says why", 1)
 
 
 @command(config_app, "show")

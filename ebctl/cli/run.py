@@ -95,7 +95,8 @@ def start(
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL when stopping", min=0.0)] = 10.0,
 ) -> None:
     """Start the daemon and an engine wired to it. A daemon that dies is restarted and the engine keeps
-    serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both."""
+    serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both.
+    One per runtime directory (another holding it: exit 2)."""
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, engine_args or []))
     from ebctl import security
@@ -104,18 +105,24 @@ def start(
     try:
         security.check_endpoints(cfg)
         security.ensure_runtime_dir(cfg.daemon.runtime_dir)
-    except security.SecurityError as e:
+        lock = supervisor.StartLock(cfg.daemon.runtime_dir)  # before anything in the directory is touched
+    except (security.SecurityError, supervisor.RunDirBusy) as e:
         fail(f"ebctl start: {e}", 2)
-    if answers(cfg, timeout_s=0.5):
-        fail(f"ebctl start: a daemon already answers at {cfg.endpoint('control')}: stop it "
-             "(systemctl stop ebctl) or use another --runtime-dir", 1)
-    fd = os.open(cfg_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(config.to_toml(cfg))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}
+    except OSError as e:
+        fail(f"ebctl start: runtime_dir {cfg.daemon.runtime_dir}: {e}", 1)
     try:
-        code = supervisor.Supervisor(cfg, grace).run(lambda restarts: daemon_command(cfg, g, restarts), engine_cmd,
-                                                     env, ready_timeout, f"{engine} engine")
+        if answers(cfg, timeout_s=0.5):
+            fail(f"ebctl start: a daemon already answers at {cfg.endpoint('control')}: stop it "
+                 "(systemctl stop ebctl) or use another --runtime-dir", 1)
+        fd = os.open(cfg_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(config.to_toml(cfg))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}
+        try:
+            code = supervisor.Supervisor(cfg, grace).run(lambda restarts: daemon_command(cfg, g, restarts),
+                                                         engine_cmd, env, ready_timeout, f"{engine} engine", lock)
+        finally:
+            cfg_file.unlink(missing_ok=True)
     finally:
-        cfg_file.unlink(missing_ok=True)
+        lock.release()  # after start.toml is gone: the next start's file is its own
     raise typer.Exit(code)

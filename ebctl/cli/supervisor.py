@@ -4,14 +4,27 @@
 The engine is the service; the daemon only steers it. So a daemon that dies is restarted (with backoff,
 logged, counted: the new daemon shows ``restarts`` in status and resumes the keys ``tune`` had changed),
 and the engine is never stopped because of it: it runs its policy until the TTL, then stock, until the new
-daemon publishes (docs/design.md §3). The engine's exit stops the daemon and ends ``start``
-with 0 when the engine exited 0, else 1. Ctrl-C (or SIGTERM/SIGHUP) stops both, the engine first: SIGTERM,
-then SIGKILL after the grace period. Linux also SIGTERMs both if ``ebctl start`` itself dies
-(``PR_SET_PDEATHSIG``).
+daemon publishes (docs/design.md §3). A daemon that exits 2 refused its configuration (a file that is not
+valid TOML or not UTF-8, a bad key or endpoint): started again it would refuse again, so it is restarted only
+once the config file changes (looked at every second: size, mtime, content hash) or ``ebctl reload`` asks;
+the engine keeps serving meanwhile. The engine's exit stops the daemon and ends ``start`` with 0 when the
+engine exited 0, else 1. Ctrl-C (or SIGTERM/SIGHUP) stops both, the engine first: SIGTERM, then SIGKILL after
+the grace period. Linux also SIGTERMs both if ``ebctl start`` itself dies (``PR_SET_PDEATHSIG``).
+
+One ``start`` per runtime directory: it holds an flock on ``start.lock`` there for its life (``StartLock``),
+so a second one is refused before it touches the first one's files. The file names the supervisor's pid;
+``ebctl reload``, finding no daemon, sends that pid SIGUSR1 (``holder`` checks that the pid has the file
+open: a pid left by a killed ``start`` may be another process's by now). SIGUSR1, not SIGHUP: to ``start``,
+a command in the foreground, SIGHUP means its terminal hung up.
+
+The supervisor signals only process groups it started, and only while their id cannot be another's: a
+child's leader is left unreaped until its group is stopped (``Child``), and ``children`` holds live ones only.
 """
 
 import contextlib
 import ctypes
+import fcntl
+import hashlib
 import os
 import signal
 import subprocess
@@ -44,28 +57,71 @@ def _pdeathsig() -> Callable[[], None] | None:
     return preexec
 
 
-@dataclass
+@dataclass(eq=False)
 class Child:
+    """A child in its own process group, whose id is the leader's pid. The leader is left unreaped (a zombie)
+    after it exits until its group has been stopped: a zombie keeps its pid, and so the group's id, from
+    being reused, so every ``killpg`` here reaches this child's group. Once the leader is reaped, the group is
+    never signalled again, even if members remain: the id is then ours only while a member lives, and that
+    cannot be checked at the instant of a ``killpg``."""
+
     name: str
     proc: subprocess.Popen
+    last_line: str = ""  # the last non-empty line it wrote to stderr, where ``tee_stderr`` reads it
+    reader: threading.Thread | None = None
+
+    def exit_code(self) -> int | None:
+        """The leader's exit code (``-N``: killed by signal N) once it has exited, None while it runs;
+        without reaping it."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        if not _CAN_PEEK:
+            return self.proc.poll()
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere
+            return self.proc.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def group_alive(self) -> bool:
-        """The child or anything it spawned (its own process group) still running (zombies don't count)."""
-        self.proc.poll()
+        """Anything of its group still running (zombies don't count; without /proc: the leader)."""
         members = group_members(self.proc.pid)
-        if members is not None:
-            return bool(members)
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        if members is None or self.proc.returncode is not None:
+            return self.exit_code() is None
+        return bool(members)
 
     def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc.returncode is not None:  # reaped: the group's id may be another's by now
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
+
+    def reap(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        if self.reader is not None:
+            self.reader.join(1.0)  # its last lines are on screen, and in last_line, before anything is said of it
+
+    def tee_stderr(self) -> None:
+        """Copy the child's stderr to ours line by line, remembering the last non-empty one (why it exited)."""
+        out = getattr(sys.stderr, "buffer", None)
+        for raw in self.proc.stderr:  # type: ignore[union-attr]
+            line = raw.decode(errors="replace").rstrip()
+            if line:
+                self.last_line = line
+            with contextlib.suppress(OSError, ValueError):
+                if out is not None:
+                    sys.stderr.flush()
+                    out.write(raw)
+                    out.flush()
+                else:
+                    sys.stderr.write(raw.decode(errors="replace"))
+        self.proc.stderr.close()  # type: ignore[union-attr]
+
+
+_CAN_PEEK = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
 
 
 def group_members(pgid: int) -> list[int] | None:
@@ -96,28 +152,135 @@ def describe_exit(rc: int) -> str:
 
 RESTART_BACKOFF_S = (0.5, 30.0)  # the first restart waits this long, doubling up to the second figure
 STABLE_S = 60.0  # a daemon that lived this long resets the backoff
+CONFIG_ERROR = 2  # the daemon's exit code for a configuration it refuses (a bad file, key or endpoint)
+WATCH_S = 1.0  # how often the config file is looked at while a refused daemon waits for it to change
+RETRY_SIGNAL = signal.SIGUSR1  # ``ebctl reload``'s way to a supervisor whose daemon is down
+
+
+def restart_delay(rc: int, lived_s: float, backoff: float) -> tuple[float | None, float]:
+    """After the daemon exited with ``rc`` having run ``lived_s``: how long to wait before starting it again
+    (None: not until its config file changes or ``ebctl reload``; a refused configuration would be refused
+    again) and the backoff after that."""
+    if rc == CONFIG_ERROR:
+        return None, backoff
+    if lived_s >= STABLE_S:
+        backoff = RESTART_BACKOFF_S[0]
+    return backoff, min(2 * backoff, RESTART_BACKOFF_S[1])
+
+
+def fingerprint(path: str) -> tuple[int, int, str] | None:
+    """What tells that a file changed: its size, mtime and content hash; None if it cannot be read."""
+    try:
+        st = os.stat(path)
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest()
+
+
+LOCK_NAME = "start.lock"
+
+
+class RunDirBusy(Exception):
+    """Another ``ebctl start`` holds the runtime directory."""
+
+
+class StartLock:
+    """One ``ebctl start`` per runtime directory: an flock on ``start.lock`` there, held for the supervisor's
+    life (the kernel drops it however the process ends). A second ``start`` is refused before it touches
+    anything of the first's, whatever state the first one's daemon is in. While the supervisor can take
+    ``RETRY_SIGNAL``, the file holds its pid, and while its daemon is held on a refused configuration, the
+    count of refusals and the daemon's last line (``Holder``): ``ebctl reload`` tells from them that its
+    retry was refused too."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            other = holder(run_dir)
+            raise RunDirBusy(f"another ebctl start{f' (pid {other.pid})' if other else ''} holds runtime_dir "
+                             f"{run_dir}: stop it or use another --runtime-dir") from None
+
+    def announce(self, refused: int = 0, said: str = "") -> None:
+        text = f"{os.getpid()}\n" + (f"refused {refused}\n{said}\n" if refused else "")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text.encode(errors="replace"), 0)
+
+    def withdraw(self) -> None:
+        os.ftruncate(self.fd, 0)
+
+    def release(self) -> None:
+        self.withdraw()
+        os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    refused: int = 0  # while a daemon that refused its configuration is held: how many have; else 0
+    said: str = ""  # that daemon's last line
+
+
+def holder(run_dir: str | os.PathLike) -> Holder | None:
+    """The ``ebctl start`` holding ``run_dir`` and ready for ``RETRY_SIGNAL``, or None. The pid its lock file
+    names counts only if that process has that very file open: a file left by a killed ``start`` names a pid
+    that may have been reused since. Without /proc, None."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        st = os.stat(path)
+        lines = path.read_text(errors="replace").splitlines()
+        pid = int(lines[0]) if lines else 0
+        refused = int(lines[1].removeprefix("refused ")) if len(lines) > 1 else 0
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.stat(fd), st):
+                return Holder(pid, refused, lines[2] if len(lines) > 2 else "")
+    return None
 
 
 class Supervisor:
-    """The daemon and the engine in their own process groups: the daemon restarted when it dies, both
-    stopped when the engine exits or on a signal."""
+    """The daemon and the engine in their own process groups: the daemon restarted when it dies (not after a
+    refused configuration, until that changes), both stopped when the engine exits or on a signal."""
 
     def __init__(self, cfg: Config, grace: float) -> None:
         self.cfg, self.grace = cfg, grace
         self.stop = threading.Event()
-        self.children: list[Child] = []
+        self.retry = threading.Event()  # RETRY_SIGNAL: start a daemon that is down now
+        self.children: list[Child] = []  # live ones only, in the order they are stopped in reverse
         self.restarts = 0
+        self.refusals = 0  # daemons that exited with CONFIG_ERROR
+        self.config_file = str(Path(cfg.path).resolve()) if cfg.path else ""
+        self.seen: tuple[int, int, str] | None = None  # the config file as the last daemon started was given it
+        self.lock: StartLock | None = None
 
     def run(self, daemon_cmd: Callable[[int], list[str]], engine_cmd: list[str], env: dict[str, str],
-            ready_timeout: float, engine_name: str) -> int:
+            ready_timeout: float, engine_name: str, lock: StartLock | None = None) -> int:
         """``daemon_cmd(restarts)``: the daemon's command line for its ``restarts``-th restart (0: the first
-        start). Returns the exit code of ``ebctl start``."""
+        start). ``lock`` gets this process's pid once ``RETRY_SIGNAL`` is handled. Returns the exit code of
+        ``ebctl start``."""
         old = {s: signal.signal(s, lambda *_: self.stop.set())
                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old[RETRY_SIGNAL] = signal.signal(RETRY_SIGNAL, lambda *_: self.retry.set())
+        self.lock = lock
+        if lock is not None:
+            lock.announce()
         try:
+            self.seen = fingerprint(self.config_file) if self.config_file else None
             daemon = self.spawn("daemon", daemon_cmd(0), env)
-            if not self.wait_ready(daemon, ready_timeout):
-                return 1
+            ready = self.wait_ready(daemon, ready_timeout)
+            if ready != 0:
+                return ready
             if self.stop.is_set():
                 return 0
             engine = self.spawn(engine_name, engine_cmd, env)
@@ -125,63 +288,111 @@ class Supervisor:
                 f"{engine_name} (pid {engine.proc.pid}) running; Ctrl-C stops both")
             return self._watch(daemon, engine, daemon_cmd, env, engine_name)
         finally:
-            for c in reversed(self.children):  # the engine first: it fails open without the daemon
+            if lock is not None:
+                lock.withdraw()
+            for c in reversed(list(self.children)):  # the engine first: it fails open without the daemon
                 self.terminate(c)
             for s, h in old.items():
                 signal.signal(s, h)
 
     def _watch(self, daemon: Child, engine: Child, daemon_cmd: Callable[[int], list[str]], env: dict[str, str],
                engine_name: str) -> int:
-        backoff, started, restart_at = RESTART_BACKOFF_S[0], time.monotonic(), None
+        backoff, started = RESTART_BACKOFF_S[0], time.monotonic()
+        up = True
+        restart_at: float | None = None  # when a daemon that is down starts again (None: when told to)
+        next_look = 0.0
         while not self.stop.wait(0.2):
-            rc = engine.proc.poll()
+            rc = engine.exit_code()
             if rc is not None:
-                say(f"ebctl: the {engine_name} {describe_exit(rc)}; stopping the daemon")
+                say(f"ebctl: the {engine_name} {describe_exit(rc)}; "
+                    + ("stopping the daemon" if up else "the daemon is down"))
                 return 0 if rc == 0 else 1
             now = time.monotonic()
-            if restart_at is None and daemon.proc.poll() is not None:
-                if now - started >= STABLE_S:
-                    backoff = RESTART_BACKOFF_S[0]
+            if up:
+                if self.retry.is_set():
+                    self.retry.clear()
+                    say(f"ebctl: the daemon (pid {daemon.proc.pid}) is running: `ebctl reload` reaches it itself")
+                rc = daemon.exit_code()
+                if rc is None:
+                    continue
+                self.terminate(daemon)  # anything it left in its process group; its last words read
+                up = False
+                delay, backoff = restart_delay(rc, now - started, backoff)
+                keeps = (f"The {engine_name} keeps serving (its policy expires after its TTL, then stock behaviour "
+                         "until a new daemon publishes)")
+                if delay is None:
+                    restart_at = None
+                    said = f" (it said: {daemon.last_line})" if daemon.last_line else ""
+                    watched = f"{self.config_file} changes or " if self.config_file else ""
+                    say(f"ebctl: the daemon {describe_exit(rc)}: a configuration error{said}; not restarting it "
+                        f"until {watched}`ebctl reload`. {keeps}")
+                    self.refusals += 1
+                    if self.lock is not None:
+                        self.lock.announce(self.refusals, daemon.last_line)
+                else:
+                    restart_at = now + delay
+                    say(f"ebctl: the daemon {describe_exit(rc)}; restart {self.restarts + 1} in {delay:g} s. "
+                        f"{keeps}")
+                continue
+            why = ""
+            if self.retry.is_set():
+                self.retry.clear()
+                why = "`ebctl reload` asked"
+            elif restart_at is not None and now >= restart_at:
+                why = "due"
+            elif restart_at is None and self.config_file and now >= next_look:
+                next_look = now + WATCH_S
+                seen = fingerprint(self.config_file)
+                if seen is not None and seen != self.seen:
+                    why = f"{self.config_file} changed"
+            if why:
                 self.restarts += 1
-                restart_at = now + backoff
-                say(f"ebctl: the daemon {describe_exit(daemon.proc.returncode)}; restart {self.restarts} in "
-                    f"{backoff:g} s. The {engine_name} keeps serving (its policy expires after its TTL, then "
-                    "stock behaviour until the new daemon publishes)")
-                self.terminate(daemon)  # anything it left in its process group
-                backoff = min(2 * backoff, RESTART_BACKOFF_S[1])
-            if restart_at is not None and now >= restart_at:
-                self.children.remove(daemon)
-                daemon = self.spawn("daemon", daemon_cmd(self.restarts), env)
-                self.children.insert(0, daemon)  # stopped after the engine
-                started, restart_at = now, None
-                say(f"ebctl: daemon restarted (pid {daemon.proc.pid}, restart {self.restarts})")
+                self.seen = fingerprint(self.config_file) if self.config_file else None
+                daemon = self.spawn("daemon", daemon_cmd(self.restarts), env, first=True)  # stopped last
+                up, started = True, now
+                if self.lock is not None:
+                    self.lock.announce()
+                say(f"ebctl: daemon restarted (pid {daemon.proc.pid}, restart {self.restarts}"
+                    + ("" if why == "due" else f": {why}") + ")")
         say("ebctl: stopping the " + " and the ".join(c.name for c in reversed(self.children)))
         return 0
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_pdeathsig())
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str], first: bool = False) -> Child:
+        """The daemon's stderr passes through here (``Child.tee_stderr``): its last line says why it exited."""
+        tee = name == "daemon"
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_pdeathsig(),
+                                stderr=subprocess.PIPE if tee else None)
         child = Child(name, proc)
-        self.children.append(child)
+        if tee:
+            child.reader = threading.Thread(target=child.tee_stderr, name=f"{name}-stderr", daemon=True)
+            child.reader.start()
+        self.children.insert(0 if first else len(self.children), child)
         return child
 
-    def wait_ready(self, daemon: Child, timeout: float) -> bool:
+    def wait_ready(self, daemon: Child, timeout: float) -> int:
+        """0 once the daemon answers (or on a stop signal), else the exit code for ``start``: 2 if it refused
+        its configuration, 1 otherwise."""
         ep = self.cfg.endpoint("control")
         deadline = time.monotonic() + timeout
         while not self.stop.is_set():
-            rc = daemon.proc.poll()
+            rc = daemon.exit_code()
             if rc is not None:
-                say(f"ebctl: the daemon {describe_exit(rc)} before answering at {ep}")
-                return False
+                self.terminate(daemon)
+                said = f": {daemon.last_line}" if daemon.last_line else ""
+                what = "a configuration error" if rc == CONFIG_ERROR else "failed"
+                say(f"ebctl: the daemon {describe_exit(rc)} before answering at {ep} ({what}{said})")
+                return 2 if rc == CONFIG_ERROR else 1
             if answers(self.cfg, timeout_s=0.5):
-                return True
+                return 0
             if time.monotonic() > deadline:
                 say(f"ebctl: the daemon did not answer at {ep} within {timeout:g} s; stopping it")
-                return False
+                return 1
             self.stop.wait(0.1)
-        return True
+        return 0
 
     def terminate(self, child: Child) -> None:
-        """SIGTERM to the child's group, SIGKILL after the grace period; returns when the group is gone."""
+        """SIGTERM to the child's group, SIGKILL after the grace period; returns when the group is gone and the
+        child reaped, no longer one of ``children``."""
         child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         while child.group_alive() and time.monotonic() < deadline:
@@ -189,5 +400,9 @@ class Supervisor:
         if child.group_alive():
             say(f"ebctl: the {child.name} ignored SIGTERM for {self.grace:g} s: SIGKILL")
             child.signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.proc.wait(5)
+            deadline = time.monotonic() + 5
+            while child.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        child.reap(5)
+        with contextlib.suppress(ValueError):
+            self.children.remove(child)
