@@ -71,6 +71,14 @@ class DaemonConfig:
     node: str = ""  # node name prefixed to engine ids in status
     republish_s: float = 2.0  # re-send every policy at least this often (must stay below policy_ttl)
     log_level: str = "info"
+    # Bounds on what peers send (``ebctl.bounds``): a report beyond one is refused and counted by bound.
+    max_engines: int = 256
+    max_string: int = 1024
+    max_finished: int = 16384
+    recent_bytes: int = 4 << 20
+    max_running_limit: int = 1 << 20
+    max_kv_tokens: int = 1 << 40
+    allow_long_ttl: bool = False
 
 
 _DAEMON_SPECS: dict[str, Spec] = {
@@ -88,7 +96,21 @@ _DAEMON_SPECS: dict[str, Spec] = {
     "node": Spec(str, "node name shown with each engine id"),
     "republish_s": Spec(float, "re-send each engine's policy at least this often (s)", 0.05, 3600),
     "log_level": Spec(str, "daemon log level", choices=("debug", "info", "warning", "error")),
+    "max_engines": Spec(int, "engine ids the daemon keeps state for; reports from further ids are refused",
+                        1, 65536),
+    "max_string": Spec(int, "longest string a report may carry (characters): engine id, reasons, finish "
+                            "reasons", 128, 1 << 20),
+    "max_finished": Spec(int, "most finished requests one report may carry", 1, 10_000_000),
+    "recent_bytes": Spec(int, "bytes of recent reports kept per engine (for `tune calibrate`), besides the "
+                              "4,096-report cap", 1 << 16, 1 << 30),
+    "max_running_limit": Spec(int, "largest plausible running-request count or engine limit in a report",
+                              1, 1 << 40),
+    "max_kv_tokens": Spec(int, "largest plausible KV-cache size or token count in a report", 1, 1 << 53),
+    "allow_long_ttl": Spec(bool, "allow controller.ttl_s above 600 s: a policy then outlives a dead daemon "
+                                 "that long"),
 }
+
+MAX_TTL_S = 600.0  # above it, controller.ttl_s needs daemon.allow_long_ttl
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +283,16 @@ class Config:
         except ValueError as e:
             raise ConfigError(f"dispatch.drain_ranks={self.dispatch.drain_ranks!r}: {e}; allowed: DP rank ids "
                               "separated by commas, e.g. '1,3'") from None
+        if c.tune_min_pairs > c.tune_max_pairs:
+            raise ConfigError(f"controller.tune_min_pairs={c.tune_min_pairs} > controller.tune_max_pairs="
+                              f"{c.tune_max_pairs}: no trial could ever decide; allowed: tune_min_pairs <= "
+                              "tune_max_pairs")
+        if c.k_override and c.n_override and c.k_override > c.n_override:
+            raise ConfigError(f"controller.k_override={c.k_override} > controller.n_override={c.n_override}: "
+                              "k idle slots out of fewer slots; allowed: k_override <= n_override (or 0)")
+        if c.ttl_s > MAX_TTL_S and not self.daemon.allow_long_ttl:
+            raise ConfigError(f"controller.ttl_s={c.ttl_s}: above {MAX_TTL_S:.0f} s, an engine would keep this "
+                              "policy that long after the daemon died; set daemon.allow_long_ttl = true to mean it")
         if self.daemon.republish_s >= c.ttl_s:
             raise ConfigError(f"daemon.republish_s={self.daemon.republish_s} >= controller.ttl_s={c.ttl_s}: "
                               "policies would expire between re-sends; allowed: republish_s < ttl_s")
@@ -340,13 +372,24 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {path}: not found")
-        try:
-            cfg = from_toml(p.read_text(), path=str(p))
-        except OSError as e:
-            raise ConfigError(f"config file {path}: {e}") from e
+        cfg = from_toml(read_text(p), path=str(p))
     elif Path(DEFAULT_PATH).is_file():
-        cfg = from_toml(Path(DEFAULT_PATH).read_text(), path=DEFAULT_PATH)
+        cfg = from_toml(read_text(Path(DEFAULT_PATH)), path=DEFAULT_PATH)
     return cfg.with_updates(overrides or {})
+
+
+def read_text(path: Path) -> str:
+    """A config file's text; ConfigError (naming the byte) when it cannot be read or is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"config file {path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, "
+                          f"line {line}); TOML files are UTF-8") from None
 
 
 def to_toml(cfg: Config, *, docs: bool = True) -> str:

@@ -142,8 +142,10 @@ class Controller(Steering):
 
     @property
     def n_limit(self) -> int:
-        """The cap on N̂*: configured, else what the engine reports, else 256."""
-        return self.params.n_max_limit or self.engine_limit or 256
+        """The cap on N̂*: configured, else what the engine reports, else 256; never above the engine's own
+        limit once it reported one (a policy beyond it is refused at the daemon's and the engine's door)."""
+        limit = self.params.n_max_limit or self.engine_limit or 256
+        return min(limit, self.engine_limit) if self.engine_limit else limit
 
     def set_params(self, params: ControllerParams) -> None:
         """Live reconfiguration (tune / reload); keeps the data, refits at the next update. A new θ range

@@ -43,7 +43,11 @@ MIN_ALPHA_D_SHARE = 0.01
 
 
 class IterationWindow:
-    """The last ``capacity`` iterations of one kind: feature rows and seconds, in two ring buffers."""
+    """The last ``capacity`` iterations of one kind: feature rows and seconds, in two ring buffers that start at
+    ``FIRST_ROWS`` rows and double up to ``capacity`` (an engine that sends a few reports costs a few KB, not
+    the ~240 KB of three full windows: what bounds the daemon under a flood of engine ids)."""
+
+    FIRST_ROWS = 64
 
     def __init__(self, capacity: int) -> None:
         self.total = 0  # rows ever accepted
@@ -52,8 +56,10 @@ class IterationWindow:
     def _alloc(self, capacity: int) -> None:
         if int(capacity) < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self._x = np.zeros((int(capacity), len(FEATURES)))
-        self._y = np.zeros(int(capacity))
+        self._cap = int(capacity)
+        rows = min(self._cap, self.FIRST_ROWS)
+        self._x = np.zeros((rows, len(FEATURES)))
+        self._y = np.zeros(rows)
         self._head = self._n = 0
 
     def __len__(self) -> int:
@@ -61,12 +67,17 @@ class IterationWindow:
 
     @property
     def capacity(self) -> int:
-        return self._y.size
+        return self._cap
 
     def add(self, row: tuple[float, ...], seconds: float) -> bool:
         """Store one iteration; False (nothing stored) unless seconds > 0 and every feature ≥ 0, all finite."""
         if not (math.isfinite(seconds) and seconds > 0) or not all(math.isfinite(v) and v >= 0 for v in row):
             return False
+        if self._n == self._y.size < self._cap:  # full below capacity: never wrapped yet, so rows are in order
+            rows = min(2 * self._y.size, self._cap)
+            self._x = np.concatenate([self._x, np.zeros((rows - self._y.size, len(FEATURES)))])
+            self._y = np.concatenate([self._y, np.zeros(rows - self._y.size)])
+            self._head = self._n
         h = self._head
         self._x[h], self._y[h] = row, seconds
         self._head = (h + 1) % self._y.size
@@ -84,10 +95,11 @@ class IterationWindow:
     def resize(self, capacity: int) -> None:
         """Keep the newest min(len, capacity) rows."""
         x, y = self.rows()
+        keep = min(len(y), int(capacity))
         self._alloc(capacity)
-        keep = min(len(y), self.capacity)
+        self._x, self._y = np.zeros((max(keep, self._y.size), len(FEATURES))), np.zeros(max(keep, self._y.size))
         self._x[:keep], self._y[:keep] = x[len(y) - keep :], y[len(y) - keep :]
-        self._n, self._head = keep, keep % self.capacity
+        self._n, self._head = keep, keep % self._y.size
 
 
 class CostChoice(NamedTuple):

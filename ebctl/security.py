@@ -8,6 +8,7 @@ unless ``daemon.insecure`` is set explicitly. Everything here runs once at start
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 from pathlib import Path
@@ -77,6 +78,16 @@ def ensure_runtime_dir(path: str | os.PathLike) -> Path:
         raise SecurityError(f"runtime directory {p} has mode {mode:04o}: group and others may enter it; "
                             f"allowed: 0700 (fix: chmod 700 {p})")
     return p
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or a name) can only be reached from this machine."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def check_endpoints(cfg: Config) -> None:

@@ -69,10 +69,24 @@ class ControlOps:
                   "endpoints": {w: self.cfg.endpoint(w) for w in security.ENDPOINTS},
                   "metrics": f"http://{d.metrics_host}:{d.metrics_port}/metrics" if d.metrics_port else "",
                   "counters": dataclasses.asdict(self.counters), "engines": len(self.engines),
-                  "restarts": self.restarts, "tuned": dict(self.tuned)}
+                  "restarts": self.restarts, "tuned": dict(self.tuned), "last_reload": dict(self.last_reload),
+                  "warnings": self.warnings(),
+                  "bounds": {k: getattr(d, k) for k in ("max_engines", "max_string", "max_finished", "recent_bytes",
+                                                        "max_running_limit", "max_kv_tokens")}}
         engines = {eid: self._engine_status(eng, mono) for eid, eng in self.engines.items()}
         return ControlReply(ok=True, data={"daemon": daemon, "engines": engines,
                                            "dispatchers": self.dispatch.status(mono)})
+
+    def warnings(self) -> list[str]:
+        """What an operator should fix in the set-up that runs, though the daemon serves."""
+        d, out = self.cfg.daemon, []
+        if d.metrics_port and not security.is_loopback(d.metrics_host) and not d.insecure:
+            out.append(f"daemon.metrics_host={d.metrics_host!r}: the exporter (engine ids, policies, rates) is "
+                       "reachable off this host; bind it to 127.0.0.1, or set daemon.insecure = true to mean it")
+        if self.last_reload and not self.last_reload["ok"]:
+            out.append(f"the last reload ({self.last_reload['via']}) was refused, the running config stays: "
+                       f"{self.last_reload['error']}")
+        return out
 
     def _engine_status(self, eng: Engine, mono: float) -> dict[str, Any]:
         ctl = eng.controller
@@ -83,6 +97,7 @@ class ControlOps:
         costs, source = ctl.costs()
         return {**pol, **est, **ctl.status(), **ctl.gate_status(),
                 "costs": {**dataclasses.asdict(costs), "source": source}, "seq_gaps": eng.seq_gaps,
+                "seq_jumps": eng.seq_jumps, "replayed_reports": eng.replayed,
                 "duplicate_reports": eng.duplicates, "last_report_age_s": mono - eng.last_report,
                 "last_update_age_s": mono - eng.last_update, "published_version": eng.published}
 
@@ -113,7 +128,14 @@ class ControlOps:
         return reply
 
     def _op_reload(self, args: dict[str, Any], now: float) -> ControlReply:
-        return self.reload(now)
+        reply = self.reload(now)
+        self.note_reload(reply, "ebctl reload", now)
+        return reply
+
+    def note_reload(self, reply: ControlReply | None, via: str, now: float) -> None:
+        """Keep the outcome of a reload for status (None: it tripped a bug, logged by the shell)."""
+        self.last_reload = {"at": now, "via": via, "ok": bool(reply and reply.ok),
+                            "error": "internal error (logged)" if reply is None else reply.error}
 
     def reload(self, now: float) -> ControlReply:
         """Re-read ``cfg.path`` (plus the start-up overrides); a bad file leaves the running config alone.

@@ -27,16 +27,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 from prometheus_client import CollectorRegistry
 
-from ebctl import config
+from ebctl import bounds, config
 from ebctl.config import Config, ConfigError
 from ebctl.controller import Controller
 from ebctl.daemon import metrics
 from ebctl.daemon.control import ControlOps, load_costs
 from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
-from ebctl.daemon.records import MAX_ENGINES, Counters, Engine
+from ebctl.daemon.records import RECENT_REPORTS, SEQ_JUMP, Counters, Engine
 from ebctl.daemon.shell import DaemonShell
 from ebctl.link import reject_reason, topic
 from ebctl.protocol import (
@@ -73,6 +74,8 @@ class Daemon(ControlOps, DaemonShell):
         self.registry.register(metrics.DaemonCollector(self))
         self._stop = threading.Event()
         self._reload_requested = False
+        self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
+        self.last_reload: dict[str, Any] = {}  # the last reload's outcome, for status
         self._pub: zmq.Socket | None = None
         self._ops: dict[str, Callable[[dict[str, Any], float], ControlReply]] = {
             "status": self._op_status, "tune": self._op_tune, "reload": self._op_reload,
@@ -82,37 +85,68 @@ class Daemon(ControlOps, DaemonShell):
 
     # --- the core: no sockets, testable with bytes ----------------------------------------------------
     def ingest(self, frame: bytes, now: float, mono: float) -> Engine | DispatchRecord | None:
-        """decode → observe → update one report; the engine (or DP-controller dispatcher) whose policy should be
-        published, or None."""
+        """decode → bound → observe → update one report; the engine (or DP-controller dispatcher) whose policy
+        should be published, or None. Every frame is counted once: received, dispatch_received or rejected."""
+        self.counters.frames += 1
+        lim = self.cfg.daemon
         try:
             r: IterationReport | DispatchReport = decode(frame, Telemetry)
         except ProtocolError as e:
             self._reject(self.counters.rejected, e, "report")
             return None
         if type(r) is DispatchReport:
+            if (fault := bounds.dispatch_report_fault(r, lim)) is not None:
+                self._reject(self.counters.rejected, ProtocolError(f"dispatch report beyond bound {fault}"),
+                             "report", f"bound:{fault}")
+                return None
             rec = self.dispatch.ingest(r, mono)
             if r.engine_id not in self.dispatch.dispatchers:
                 self._reject(self.counters.rejected, ProtocolError(
                     f"dispatcher {r.engine_id!r}: not '<prefix>/dispatch' or 'dispatch', or too many"), "report")
+            else:
+                self.counters.dispatch_received += 1
             return rec
-        self.dispatch.forward(r)
+        if (fault := bounds.report_fault(r, lim)) is not None:
+            self._reject(self.counters.rejected, ProtocolError(f"report of {r.engine_id!r} beyond bound {fault} "
+                                                               "(daemon.max_*)"), "report", f"bound:{fault}")
+            return None
         eng = self.engines.get(r.engine_id) or self._new_engine(r.engine_id, mono)
         if eng is None:
             return None
         if r.instance != eng.instance and not self._takes_over(eng, r, mono):
             return None
+        if r.seq <= eng.last_seq:  # replayed, or out of order: its completions were counted already
+            eng.replayed += 1
+            self._reject(self.counters.rejected, ProtocolError(
+                f"engine {r.engine_id!r}: seq {r.seq} not above the last one, {eng.last_seq}"), "report", "replayed")
+            return None
         self.counters.received += 1
-        if r.seq > eng.last_seq + 1 and eng.last_seq >= 0:
-            eng.seq_gaps += r.seq - eng.last_seq - 1
+        if eng.last_seq >= 0 and r.seq > eng.last_seq + 1:
+            if r.seq - eng.last_seq > SEQ_JUMP:
+                eng.seq_jumps += 1
+            else:
+                eng.seq_gaps += r.seq - eng.last_seq - 1
         eng.last_seq, eng.last_report = r.seq, mono
-        eng.recent.append(r)
+        self.dispatch.forward(r)
+        self._keep(eng, r)
         try:
             eng.controller.observe(r)
             version = eng.controller.update(now).version
         except Exception:  # the controller promises not to raise; if it ever does, the daemon lives on
+            self.counters.faults += 1
             log.exception("controller of engine %r failed on a report", r.engine_id)
             return None
         return eng if version != eng.published else None
+
+    def _keep(self, eng: Engine, r: IterationReport) -> None:
+        """Keep ``r`` (without its finished list) among the engine's recent reports, within RECENT_REPORTS and
+        ``daemon.recent_bytes``."""
+        kept = msgspec.structs.replace(r, finished=()) if r.finished else r
+        eng.recent.append(kept)
+        eng.recent_bytes += bounds.kept_bytes(kept)
+        while len(eng.recent) > RECENT_REPORTS or (eng.recent_bytes > self.cfg.daemon.recent_bytes
+                                                   and len(eng.recent) > 1):
+            eng.recent_bytes -= bounds.kept_bytes(eng.recent.popleft())
 
     def _takes_over(self, eng: Engine, r: IterationReport, mono: float) -> bool:
         """A report for ``eng`` from another process than the one reporting so far: it takes the id over when
@@ -133,18 +167,22 @@ class Daemon(ControlOps, DaemonShell):
         return False
 
     def _new_engine(self, engine_id: str, mono: float) -> Engine | None:
-        if "\0" in engine_id or len(self.engines) >= MAX_ENGINES:
-            why = "NUL in engine id" if "\0" in engine_id else f"more than {MAX_ENGINES} engines"
-            self._reject(self.counters.rejected, ProtocolError(f"engine {engine_id!r}: {why}"), "report")
+        if "\0" in engine_id:
+            self._reject(self.counters.rejected, ProtocolError(f"engine {engine_id!r}: NUL in engine id"), "report")
+            return None
+        if len(self.engines) >= self.cfg.daemon.max_engines:
+            self._reject(self.counters.rejected, ProtocolError(
+                f"engine {engine_id!r}: more than daemon.max_engines={self.cfg.daemon.max_engines} engines"),
+                "report", "bound:engines")
             return None
         ctl = Controller(self.cfg.controller, self.costs, engine_id=engine_id, cost_source=self.cost_source)
         eng = self.engines[engine_id] = Engine(ctl, topic(engine_id), created=mono)
         log.info("new engine %r", engine_id)
         return eng
 
-    def _reject(self, counts: dict[str, int], err: ProtocolError, what: str) -> None:
-        reason = reject_reason(err)
-        counts[reason] += 1
+    def _reject(self, counts: dict[str, int], err: ProtocolError, what: str, reason: str = "") -> None:
+        reason = reason or reject_reason(err)
+        counts[reason] = counts.get(reason, 0) + 1
         n = counts[reason]
         if n <= 5 or n % 1000 == 0:  # logged, but a flood of garbage cannot flood the log
             log.warning("rejected %s (%s, %d so far): %s", what, reason, n, err)

@@ -143,6 +143,10 @@ class DaemonCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_published", "policies published with a new version", value=c.published)
         yield CounterMetricFamily(f"{PREFIX}_control_errors", "control requests answered ok=false",
                                   value=c.control_errors)
+        yield CounterMetricFamily(f"{PREFIX}_faults", "the daemon's own errors on one frame, request or reload "
+                                  "(logged; the daemon went on)", value=c.faults)
+        yield CounterMetricFamily(f"{PREFIX}_policies_refused", "policies beyond the engine's reported limits, "
+                                  "replaced by stock before publishing", value=c.policies_refused)
         hs = CounterMetricFamily(f"{PREFIX}_handshake_failed", "ZMTP/CURVE handshakes refused", labels=["kind"])
         for kind, n in c.handshake_failed.items():
             hs.add_metric([kind], n)

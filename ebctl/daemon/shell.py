@@ -15,17 +15,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import zmq
 from prometheus_client import start_http_server
 from zmq.utils.monitor import recv_monitor_message
 
-from ebctl import security
+from ebctl import bounds, security
 from ebctl.config import ConfigError
 from ebctl.daemon.dispatch import DispatchRecord
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Engine
-from ebctl.protocol import ControlReply, encode
+from ebctl.protocol import ControlReply, Mode, encode
 
 log = logging.getLogger("ebctl.daemon")
 
@@ -33,6 +34,7 @@ BATCH = 512  # telemetry frames per loop turn: control requests and the republis
 POLL_MAX_S = 0.1  # longest sleep: how soon a signal or stop() is noticed
 MAX_MSG_BYTES = 4 << 20
 MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+RUN_DIR_CHECK_S = 1.0  # how often the loop checks that its runtime directory and sockets still exist
 
 class DaemonShell:
     """The shell of ``Daemon``: sockets, timers, signals."""
@@ -67,6 +69,8 @@ class DaemonShell:
                                          registry=self.registry)[0]
             log.info("serving: telemetry %s, policy %s, control %s%s", *(self.cfg.endpoint(w) for w in
                      security.ENDPOINTS), f", metrics :{self.cfg.daemon.metrics_port}" if http else "")
+            for warning in self.warnings():
+                log.warning("%s", warning)
             self._loop(tel, ctl, monitors)
         except (zmq.ZMQError, OSError) as e:
             log.error("cannot serve: %s", e)
@@ -85,7 +89,7 @@ class DaemonShell:
             restore()
             self._unlock()
         log.info("stopped")
-        return 0
+        return self.exit_code
 
     def _prepare(self) -> None:
         security.check_endpoints(self.cfg)
@@ -144,6 +148,7 @@ class DaemonShell:
         for s in (tel, ctl, *monitors):
             poller.register(s, zmq.POLLIN)
         next_republish = time.monotonic() + self.cfg.daemon.republish_s
+        next_check = time.monotonic() + RUN_DIR_CHECK_S
         while not self._stop.is_set():
             wait = min(max(next_republish - time.monotonic(), 0.0), POLL_MAX_S)
             ready = dict(poller.poll(wait * 1000))
@@ -151,20 +156,52 @@ class DaemonShell:
             if tel in ready:
                 self._drain(tel, now, mono)
             if ctl in ready:
-                reply = self.handle_control(ctl.recv_multipart(), now)
-                ctl.send(self._encode_reply(reply))
-                self._publish_changed(now, mono)
+                frames = ctl.recv_multipart()
+                reply = self._contained("control request", self.handle_control, frames, now)
+                ctl.send(self._encode_reply(reply or ControlReply(ok=False, error="internal error (logged)")))
+                self._contained("publish", self._publish_changed, now, mono)
             for m in monitors:
                 if m in ready:
                     self._count_handshake(m)
             if self._reload_requested:
                 self._reload_requested = False
-                reply = self.reload(now)
-                log.info("SIGHUP reload: %s", "ok" if reply.ok else reply.error)
-                self._publish_changed(now, mono)
+                reply = self._contained("reload", self.reload, now)
+                self.note_reload(reply, "SIGHUP", now)
+                log.info("SIGHUP reload: %s", "ok" if reply and reply.ok else self.last_reload["error"])
+                self._contained("publish", self._publish_changed, now, mono)
             if mono >= next_republish:
-                self._republish(now, mono)
+                self._contained("republish", self._republish, now, mono)
                 next_republish = mono + self.cfg.daemon.republish_s
+            if mono >= next_check:
+                next_check = mono + RUN_DIR_CHECK_S
+                if (gone := self._run_dir_gone()) is not None:
+                    log.error("%s disappeared: stopping so that a supervisor restarts the daemon on a fresh "
+                              "runtime directory (engines reconnect on their own)", gone)
+                    self.exit_code = 1
+                    return
+
+    def _contained(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None after counting and logging a bug in it: one request, frame or reload that trips a
+        bug costs that one, never the daemon."""
+        try:
+            return fn(*args)
+        except Exception:
+            self.counters.faults += 1
+            if self.counters.faults <= 20 or self.counters.faults % 1000 == 0:
+                log.exception("fault %d, in a %s (the daemon goes on)", self.counters.faults, what)
+            return None
+
+    def _run_dir_gone(self) -> Path | None:
+        """The runtime directory or one of its socket files, if it was deleted under the daemon (then the
+        CLI and new engines could not find it, and a second daemon could start beside it)."""
+        run_dir = Path(self.cfg.daemon.runtime_dir)
+        if not run_dir.is_dir():
+            return run_dir
+        for which in security.ENDPOINTS:
+            path = security.ipc_path(self.cfg.endpoint(which))
+            if path is not None and not path.exists():
+                return path
+        return None
 
     def _drain(self, sock: zmq.Socket, now: float, mono: float) -> None:
         for _ in range(BATCH):
@@ -172,9 +209,9 @@ class DaemonShell:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            eng = self.ingest(frame, now, mono)
+            eng = self._contained("report", self.ingest, frame, now, mono)
             if eng is not None:
-                self._publish(eng, now, mono)
+                self._contained("publish", self._publish, eng, now, mono)
 
     def _publish(self, eng: Engine | DispatchRecord, now: float, mono: float) -> None:
         """Send the engine's current policy, issued now, with the TTL in force now."""
@@ -183,6 +220,12 @@ class DaemonShell:
             return
         ctl = eng.controller
         pol = msgspec.structs.replace(ctl.policy, issued_at=now, ttl_s=ctl.params.ttl_s)
+        if (fault := bounds.policy_fault(pol, ctl.engine_limit)) is not None:
+            self.counters.policies_refused += 1
+            if self.counters.policies_refused <= 5 or self.counters.policies_refused % 1000 == 0:
+                log.error("policy %d of engine %r not sent (%s): stock instead", pol.version, ctl.engine_id, fault)
+            pol = msgspec.structs.replace(pol, mode=Mode.OFF, k=1, n_max=1, kv_reserve_frac=0.0,
+                                          reason=f"stock: the daemon refused its own policy ({fault})")
         try:
             frame = eng.topic + encode(pol)
         except (TypeError, msgspec.EncodeError):
@@ -235,7 +278,10 @@ class DaemonShell:
         kind = HANDSHAKE_EVENTS.get(event["event"])
         if kind is not None:
             self.counters.handshake_failed[kind] += 1
-            log.warning("handshake failed (%s) on %s", kind, event.get("endpoint", b"").decode(errors="replace"))
+            n = sum(self.counters.handshake_failed.values())
+            if n <= 5 or n % 1000 == 0:  # a crowd of strangers cannot flood the log
+                log.warning("handshake failed (%s) on %s (%d so far; every 1000th is logged)", kind,
+                            event.get("endpoint", b"").decode(errors="replace"), n)
 
     def _encode_reply(self, reply: ControlReply) -> bytes:
         try:

@@ -138,7 +138,7 @@ def test_garbage_on_every_socket_is_counted_and_the_daemon_lives(spawn):
         wait_for(lambda: (c := d.status()["daemon"]["counters"])["received"] == 1
                  and sum(c["rejected"].values()) == 11, what="reports counted")
         c = d.status()["daemon"]["counters"]
-        assert c["rejected"] == {"malformed": 8, "version": 1, "validation": 2, "duplicate": 0}
+        assert {k: n for k, n in c["rejected"].items() if n} == {"malformed": 8, "version": 1, "validation": 2}
 
         req = ctx.socket(zmq.REQ)
         req.connect(d.cfg.endpoint("control"))

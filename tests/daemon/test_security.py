@@ -141,3 +141,13 @@ def test_curve_handshake_with_keys_from_keygen(tmp, spawn):
     status = d.status()
     assert list(status["engines"]) == ["e0"]  # nothing of the intruder's got in
     intruder.close()
+    crowd = [EngineLink(f"x{i}", telemetry_endpoint=cfg.endpoint("telemetry"), policy_endpoint=cfg.endpoint("policy"),
+                        curve_client_key=str(intruder_secret), curve_server_public=str(server_secret))
+             for i in range(8)]
+    try:  # a crowd of strangers: every failure counted, the log bounded (5 lines, then every 1000th)
+        wait_for(lambda: sum(d.status()["daemon"]["counters"]["handshake_failed"].values()) >= 12, 15,
+                 "the crowd's refused handshakes")
+        assert d.log().count("handshake failed") == 5
+    finally:
+        for link in crowd:
+            link.close()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ebctl import model
-from ebctl.costfit import IterationWindow, OnlineCosts
+from ebctl.costfit import FEATURES, IterationWindow, OnlineCosts
 from ebctl.costmodel import IterationCosts, PhaseCost, PhaseFit, Quality, Shape, paper_costs
 from ebctl.protocol import BatchKind, IterationReport
 
@@ -233,3 +233,17 @@ def test_a_fit_that_raises_is_a_failed_fit_and_not_retried_until_new_rows(monkey
     oc.set_params(oc.windows[D].capacity + 1, oc.max_rel_err)  # every kind due
     assert oc.refit() and oc.refit() and oc.due() is None
     assert not oc.passed(D) and oc.why(D) == "fit failed: LinAlgError: Singular matrix"
+
+
+def test_a_window_grows_on_demand_and_keeps_the_newest_rows_in_order():
+    w = IterationWindow(200)
+    assert w._y.size == IterationWindow.FIRST_ROWS and w.capacity == 200  # a few reports cost a few rows
+    for i in range(1, 501):
+        assert w.add((float(i), 0.0, 0.0, 0.0, 0.0)[: len(FEATURES)], float(i))
+        if i in (64, 65, 129, 200):
+            assert len(w) == i and list(w.rows()[1]) == [float(j) for j in range(1, i + 1)]
+    assert w._y.size == 200 and list(w.rows()[1]) == [float(j) for j in range(301, 501)]
+    w.resize(50)
+    assert list(w.rows()[1]) == [float(j) for j in range(451, 501)]
+    w.add((1.0,) * len(FEATURES), 501.0)
+    assert list(w.rows()[1]) == [float(j) for j in range(452, 502)]
