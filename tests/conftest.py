@@ -2,6 +2,11 @@
 line; a conftest further down would be too late for ``--sglang-venv``)."""
 
 import pytest
+from polling import SCALE
+
+
+def pytest_report_header() -> str:
+    return f"ebctl test timeouts x {SCALE:g} (EBCTL_TEST_TIMEOUT_SCALE)"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ebd_helpers import DaemonProcess, wait_for, write_config
+from ebd_helpers import DaemonProcess, scaled, wait_for, write_config
 
 from ebctl import config
 from ebctl.config import Config
@@ -60,7 +60,7 @@ def inproc_daemon(fast_cfg: Config) -> Iterator[Daemon]:
         wait_for(lambda: _answers(c), timeout=10, what="in-process daemon")
     yield d
     d.stop()
-    t.join(5)
+    t.join(scaled(5))
     assert not t.is_alive()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from polling import wait_for  # noqa: F401  (re-exported: the daemon tests import it from here)
+from polling import scaled, wait_for  # noqa: F401  (re-exported: the daemon tests import them from here)
 
 from ebctl import config
 from ebctl.link import ControlClient, DaemonUnreachable
@@ -75,13 +75,16 @@ class DaemonProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def client(self, timeout_s: float = 2.0) -> ControlClient:
+    def client(self, timeout_s: float | None = None) -> ControlClient:
+        """A control client; the default timeout only bounds a daemon that never answers, so it is scaled."""
         d = self.cfg.daemon
-        return ControlClient(self.cfg.endpoint("control"), timeout_s=timeout_s, curve_client_key=d.curve_client_key,
-                             curve_server_public=d.curve_server_key, insecure=d.insecure)
+        return ControlClient(self.cfg.endpoint("control"), timeout_s=scaled(2.0) if timeout_s is None else timeout_s,
+                             curve_client_key=d.curve_client_key, curve_server_public=d.curve_server_key,
+                             insecure=d.insecure)
 
     def wait_ready(self, timeout: float = 15.0) -> None:
-        """Until the daemon answers ``status`` (fails with its log if it exits first)."""
+        """Until the daemon answers ``status`` (fails with its log if it exits first); ``timeout`` is scaled."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         with self.client(timeout_s=0.3) as c:
             while True:
@@ -93,7 +96,7 @@ class DaemonProcess:
                 except DaemonUnreachable:
                     pass
                 if time.monotonic() > deadline:
-                    pytest.fail(f"daemon not ready after {timeout}s:\n{self.log()}")
+                    pytest.fail(f"daemon not ready after {timeout:g} s:\n{self.log()}")
 
     def request(self, op: str, **args):
         with self.client() as c:
@@ -106,12 +109,12 @@ class DaemonProcess:
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        self.proc.wait(scaled(10))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(scaled(10))
         self._log.close()
 
 

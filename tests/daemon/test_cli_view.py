@@ -16,11 +16,11 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from ebd_helpers import DaemonProcess, finished, report, wait_for
+from ebd_helpers import DaemonProcess, finished, report, scaled, wait_for
 from rich.cells import cell_len
 
 from ebctl.link import EngineLink
@@ -58,14 +58,19 @@ def fed(spawn) -> DaemonProcess:
         with EngineLink.from_config(d.cfg, eid) as link:
             for seq in range(40):
                 link.report(report(eid, seq, finished(rng, 100, 2)))
-            time.sleep(0.2)  # linger 0 on close: give the queue time to leave
+            # linger 0 on close: keep the link open until the daemon has counted every report
+            wait_for(lambda eid=eid: d.status()["engines"].get(eid, {}).get("reports") == 40, 10,
+                     f"the reports of {eid}")
     wait_for(lambda: all(d.status()["engines"].get(e, {}).get("version", 0) > 0 for e in ENGINES), 10,
              "a policy for both engines")
     return d
 
 
-def run_in_terminal(args: list[str], rows: int, cols: int, seconds: float) -> tuple[int, str]:
-    """Run ``args`` on a pty of ``rows``×``cols`` for ``seconds``, then Ctrl-C; its exit code and output."""
+def run_in_terminal(args: list[str], rows: int, cols: int, done: Callable[[str], bool],
+                    seconds: float = 30.0) -> tuple[int, str]:
+    """Run ``args`` on a pty of ``rows``×``cols`` until ``done(output so far)``, then Ctrl-C; its exit code and
+    output. Ended by what it printed, not by a clock: a loaded machine may take seconds to start the CLI;
+    ``seconds`` (scaled) only bounds a view that never gets there."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "EBCTL_CONFIG", "NO_COLOR")}
@@ -74,10 +79,12 @@ def run_in_terminal(args: list[str], rows: int, cols: int, seconds: float) -> tu
                                 preexec_fn=default_sigint)
     os.close(slave)
     out = b""
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + scaled(seconds)
     try:
         while True:
-            timeout = max(deadline - time.monotonic(), 0.0) if deadline else 2.0
+            if deadline is not None and done(out.decode(errors="replace")):
+                deadline = time.monotonic()  # seen enough: Ctrl-C now
+            timeout = max(deadline - time.monotonic(), 0.0) if deadline else scaled(2.0)
             ready, _, _ = select.select([master], [], [], timeout)
             if not ready:
                 if deadline is None:
@@ -92,18 +99,21 @@ def run_in_terminal(args: list[str], rows: int, cols: int, seconds: float) -> tu
             if not chunk:
                 break
             out += chunk
-        return proc.wait(10), out.decode(errors="replace")
+        return proc.wait(scaled(10)), out.decode(errors="replace")
     finally:
         os.close(master)
         if proc.poll() is None:
             proc.kill()
 
 
+ERASE = "\r\x1b[2K"  # each refresh first erases the previous frame, line by line
+
+
 def test_status_watch_in_an_80x24_terminal_shows_the_controller_of_both_engines(fed):
     code, out = run_in_terminal([*EBCTL, "status", "--watch", "--interval", "0.3", "--config", str(fed.cfg_path)],
-                                24, 80, 4.0)
+                                24, 80, done=lambda text: text.count(ERASE) >= 2)
     assert code == 0, out
-    frames = out.split("\r\x1b[2K")  # each refresh first erases the previous frame, line by line
+    frames = out.split(ERASE)
     assert len(frames) >= 3, out  # refreshed at least twice
     first = [CSI.sub("", line) for line in frames[0].split("\r\n")]
     assert len(first) <= 24, first
@@ -116,9 +126,9 @@ def test_status_watch_in_an_80x24_terminal_shows_the_controller_of_both_engines(
 
 
 def read_until(proc: subprocess.Popen, done, timeout: float = 15.0) -> str:
-    """Read ``proc``'s stdout as it comes until ``done(text so far)``; fails after ``timeout`` s (never hangs)."""
+    """Read ``proc``'s stdout as it comes until ``done(text so far)``; fails after ``scaled(timeout)`` s."""
     fd, out = proc.stdout.fileno(), b""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not done(out.decode(errors="replace")):
         ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
         chunk = os.read(fd, 65536) if ready else b""
@@ -140,7 +150,7 @@ def watch(fed: DaemonProcess, *args: str) -> subprocess.Popen:
 def ctrl_c(proc: subprocess.Popen) -> int:
     proc.send_signal(signal.SIGINT)
     try:
-        proc.communicate(timeout=10)
+        proc.communicate(timeout=scaled(10))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -171,14 +181,14 @@ def test_status_watch_json_refreshes_until_ctrl_c(fed):
 def test_status_once_and_filtered(fed):
     env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
     r = subprocess.run([*EBCTL, "status", "--engine", ENGINES[1], "--config", str(fed.cfg_path)],
-                       capture_output=True, text=True, timeout=20, env=env)
+                       capture_output=True, text=True, timeout=scaled(20), env=env)
     assert r.returncode == 0, r.stderr
     assert f"engine {ENGINES[1]}" in r.stdout and f"engine {ENGINES[0]}" not in r.stdout
     full = subprocess.run([*EBCTL, "status", "--all", "--config", str(fed.cfg_path)], capture_output=True,
-                          text=True, timeout=20, env=env)
+                          text=True, timeout=scaled(20), env=env)
     assert full.returncode == 0 and "published_version" in full.stdout and "handshake_failed" in full.stdout
     none = subprocess.run([*EBCTL, "status", "--engine", "nope", "--config", str(fed.cfg_path)],
-                          capture_output=True, text=True, timeout=20, env=env)
+                          capture_output=True, text=True, timeout=scaled(20), env=env)
     assert none.returncode == 0 and "none of the 2 engines matches --engine" in none.stdout
 
 
@@ -186,9 +196,10 @@ def test_config_show_says_whose_configuration_it_prints(fed, tmp_path):
     """Without --daemon: this command's file and --set; with it: what the running daemon uses, tune included."""
     env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
     cli = [*EBCTL, "--config", str(fed.cfg_path)]
-    assert subprocess.run([*cli, "tune", "set", "controller.delta=0.001"], env=env, timeout=20).returncode == 0
-    mine = subprocess.run([*cli, "config", "show"], capture_output=True, text=True, env=env, timeout=20)
-    theirs = subprocess.run([*cli, "config", "show", "--daemon"], capture_output=True, text=True, env=env, timeout=20)
+    t = scaled(20)
+    assert subprocess.run([*cli, "tune", "set", "controller.delta=0.001"], env=env, timeout=t).returncode == 0
+    mine = subprocess.run([*cli, "config", "show"], capture_output=True, text=True, env=env, timeout=t)
+    theirs = subprocess.run([*cli, "config", "show", "--daemon"], capture_output=True, text=True, env=env, timeout=t)
     assert mine.stdout.startswith(f"# this command's configuration: {fed.cfg_path} (the running daemon's: ")
     assert theirs.stdout.startswith(f"# the running daemon's configuration ({fed.cfg.endpoint('control')}), "
                                     f"from {fed.cfg_path}")

@@ -142,7 +142,8 @@ def test_metrics_registry_reads_the_controllers(inproc_daemon):
             for _ in range(10):
                 link.report(report("dp0", seq, finished(rng, 40.0, 2)))
                 seq += 1
-            time.sleep(0.005)
+            wait_for(lambda n=seq: d.registry.get_sample_value("ebctl_reports_total", {"engine": "dp0"}) == n,
+                     what=f"{seq} reports counted")  # the bound below then counts reports the daemon has seen
             assert seq < 2000
         wait_for(lambda: d.registry.get_sample_value("ebctl_reports_total", {"engine": "dp0"}) == seq,
                  what="all reports counted")

@@ -10,7 +10,7 @@ import time
 import msgspec
 import numpy as np
 import zmq
-from ebd_helpers import finished, report, wait_for, write_config
+from ebd_helpers import finished, report, scaled, wait_for, write_config
 
 from ebctl.link import EngineLink
 from ebctl.protocol import ControlReply, ControlRequest, Mode, decode, encode
@@ -23,6 +23,12 @@ def feed(links, means, rng, seq0=0, n=60, pace=0.002):
             link.report(report(link.engine_id, s, finished(rng, mean, 2)))
         time.sleep(pace)
     return seq0 + n
+
+
+def landed(d, n: int) -> None:
+    """Until the daemon has received ``n`` reports: a bound on reports sent then counts what it has seen,
+    however far behind a loaded machine keeps it."""
+    wait_for(lambda: d.status()["daemon"]["counters"]["received"] >= n, what=f"{n} reports to reach the daemon")
 
 
 def test_each_engine_gets_its_own_policy_and_it_follows_the_output_lengths(spawn):
@@ -45,6 +51,7 @@ def test_each_engine_gets_its_own_policy_and_it_follows_the_output_lengths(spawn
     means = [short, long, short]
     while not (ps := settled(means)()):
         seq = feed(links, means, rng, seq, n=20)
+        landed(d, 3 * seq)
         assert seq < 2000, f"no policies after {seq} reports: {policies()}\n{d.log()}"
     assert [p.engine_id for p in ps] == ["dp0", "dp1", "dp2"]
     assert all(p.mode is Mode.EB for p in ps)
@@ -56,6 +63,7 @@ def test_each_engine_gets_its_own_policy_and_it_follows_the_output_lengths(spawn
     v_before = [p.version for p in ps]
     while not (ps2 := settled(means)()):
         seq = feed(links, means, rng, seq, n=20)
+        landed(d, 3 * seq)
         assert seq < 4000, f"policies did not follow the shift: {policies()}"
     assert ps2[0].k < k_short / 2 and ps2[1].k > 2 * k_long
     assert all(p2.version > v for p2, v in zip(ps2, v_before, strict=True))
@@ -102,7 +110,8 @@ def test_kill9_then_restart_links_fail_open_and_come_back(spawn, tmp):
     assert all(step())  # the last policies stay in force until their TTL ...
     wait_for(lambda: not any(step()), timeout=ttl + 2, what="policies to expire")  # ... then stock behaviour
     expired_after = time.monotonic() - killed
-    assert ttl - 0.3 < expired_after < ttl + 1.0, expired_after
+    # the last republish (every 0.2 s) came shortly before the kill; a loaded machine widens both margins
+    assert ttl - scaled(0.3) < expired_after < ttl + scaled(1.0), expired_after
     for _ in range(100):  # the daemon stays dead for a while: reports pile up and are dropped, never block
         assert not any(step())
     d2 = spawn(d.cfg_path)  # a new daemon on the same sockets; the links do nothing special
@@ -110,7 +119,7 @@ def test_kill9_then_restart_links_fail_open_and_come_back(spawn, tmp):
     ps = wait_for(lambda: all(p := step()) and p, timeout=10, what="policies from the restarted daemon")
     print(f"worst report() over {calls} calls across kill -9 and restart: {worst * 1e6:.0f} µs; "
           f"expired {expired_after:.2f} s after the kill; back {time.monotonic() - restarted:.2f} s after restart")
-    assert worst < 0.05  # "never blocks" (a correctness bound, not a benchmark)
+    assert worst < scaled(0.05)  # "never blocks" (a correctness bound, not a benchmark)
     assert [p.engine_id for p in ps] == ["dp0", "dp1"]
     stats = [link.stats() for link in links]
     assert all(s["dropped"] > 0 and s["sent"] + s["queued"] + s["dropped"] == calls // 2 for s in stats), stats
@@ -180,6 +189,7 @@ def test_tune_and_reload_refuse_bad_values_and_keep_the_running_config(spawn, tm
     seq = 0
     while not ((p := link.policy(time.monotonic())) and p.version >= 1):
         seq = feed([link], [50.0], rng, seq, n=10)
+        landed(d, seq)
         assert seq < 1000
     window = d.cfg.controller.window
 
@@ -225,12 +235,12 @@ def test_tune_and_reload_refuse_bad_values_and_keep_the_running_config(spawn, tm
 def test_sigterm_and_shutdown_stop_cleanly_and_a_second_daemon_is_refused(spawn, tmp):
     d = spawn()
     second = spawn(d.cfg_path, ready=False)
-    assert second.proc.wait(15) == 1 and "another ebctl daemon" in second.log()
+    assert second.proc.wait(scaled(15)) == 1 and "another ebctl daemon" in second.log()
     assert d.request("status").ok  # the first one is untouched
     d.proc.send_signal(signal.SIGTERM)
-    assert d.proc.wait(10) == 0
+    assert d.proc.wait(scaled(10)) == 0
     assert not (tmp / "rt" / "control.sock").exists()  # sockets removed on the way out
     d2 = spawn(d.cfg_path)
     rep = d2.request("shutdown")
     assert rep.ok and rep.data["bye"] == d2.proc.pid
-    assert d2.proc.wait(10) == 0
+    assert d2.proc.wait(scaled(10)) == 0

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import zmq.auth
-from ebd_helpers import report, wait_for, write_config
+from ebd_helpers import report, scaled, wait_for, write_config
 
 from ebctl import config, security
 from ebctl.link import EngineLink
@@ -68,10 +68,10 @@ def test_daemon_creates_a_private_runtime_dir_and_refuses_a_loose_one(tmp, spawn
     assert mode(rt) == 0o700
     assert {"telemetry.sock", "policy.sock", "control.sock"} <= {f.name for f in rt.iterdir()}
     d.request("shutdown")
-    assert d.proc.wait(10) == 0
+    assert d.proc.wait(scaled(10)) == 0
     os.chmod(rt, 0o755)
     loose = spawn(None, ready=False)
-    assert loose.proc.wait(15) == 2
+    assert loose.proc.wait(scaled(15)) == 2
     assert "0755" in loose.log() and "chmod 700" in loose.log()
 
 
@@ -108,7 +108,7 @@ def tcp_config(tmp, **daemon):
 def test_plaintext_tcp_refused_without_insecure(tmp, spawn):
     path = tcp_config(tmp)
     d = spawn(path, ready=False)
-    assert d.proc.wait(15) == 2
+    assert d.proc.wait(scaled(15)) == 2
     assert "--insecure" in d.log() and "ebctl keygen" in d.log()
     ok = spawn(path, "--insecure")  # explicitly asked for: serves plaintext
     cfg = config.load(str(path), {"daemon.insecure": "true"})
