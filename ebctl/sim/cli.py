@@ -45,9 +45,15 @@ def simulate(
     open_loop: Annotated[bool, typer.Option("--open-loop", help="Replay the trace's timestamps instead.")] = False,
     time_scale: Annotated[float, typer.Option(help="Open loop: inter-arrival times × this.")] = 1.0,
     requests: Annotated[int, typer.Option(help="Requests per run.")] = 4000,
-    policy_list: Annotated[str, typer.Option("--policies", help="Comma-separated: v0, mb, eb:k=K, "
-                                                                "eb:theta=X, eb-auto, eb+.")] = DEFAULT_POLICIES,
-    sweep_theta: Annotated[bool, typer.Option("--sweep-theta", help="Add eb:theta=X for X in 0.05..0.95.")] = False,
+    policy_list: Annotated[str, typer.Option("--policies", help="Comma-separated: v0, mb, eb:k=K, eb:theta=X, "
+                                                                "eb-auto, eb+, default; a policy's options follow "
+                                                                "its colon, comma-separated too: "
+                                                                "v0,eb:theta=0.3,n=300.")] = DEFAULT_POLICIES,
+    sweep_theta: Annotated[bool, typer.Option("--sweep-theta", help="Add eb:theta=X for X in 0.05..0.95, each at "
+                                              "the batch cap of --sweep-n.")] = False,
+    sweep_n: Annotated[int, typer.Option(help="--sweep-theta's batch cap N (k = ⌊θN⌋); 0: Eq. 6's N̂* at each θ, "
+                                              "as the controller computes it from the workload's lengths (at the "
+                                              "engine's slots EB is stock wherever the KV cache fills first).")] = 0,
     seed: Annotated[int, typer.Option(help="Workload sampling seed (the engine is deterministic).")] = 0,
     engine_rules: Annotated[str, typer.Option(help="Whose scheduler: sglang (0.5.23, the engine ebctl steers) "
                                                    "or vllm (V0 stock / v1 mixed, the paper's).")] = "sglang",
@@ -64,8 +70,9 @@ def simulate(
                                                  "iteration (its forward-pass fit) or linear (the paper's)."
                                             )] = "profile",
     layers: Annotated[int, typer.Option(help="Layers for the attention terms; 0: the model's (Qwen3-8B: 36).")] = 0,
-    slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds.")] = 10.0,
-    slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: TPOT seconds.")] = 0.1,
+    slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds (MLPerf's server limit).")] = 2.0,
+    slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: TPOT seconds (MLPerf's server limit for "
+                                                 "Llama-3.1-8B).")] = 0.1,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw throughput vs θ and the eb+ mode over time "
                                                    "(needs matplotlib).")] = None,
@@ -109,9 +116,15 @@ def simulate(
         else:
             wl = workloads.load(workload or "balanced", requests, seed=seed, open_loop=open_loop,
                                 time_scale=time_scale)
-        specs = [s.strip() for s in policy_list.split(",") if s.strip()]
+        specs = policies.split_specs(policy_list)
+        caps: list[int] = []
         if sweep_theta:
-            specs += [s for s in policies.theta_sweep() if s not in specs]
+            if not 0 <= sweep_n <= cfg.max_running:
+                raise ValueError(f"--sweep-n {sweep_n}: must be in [0, --max-running {cfg.max_running}]")
+            caps = ([sweep_n] * len(policies.theta_grid()) if sweep_n else
+                    policies.eq6_caps(policies.theta_grid(), input_len=wl.input_len, output_len=wl.output_len,
+                                      kv_tokens=kv, max_running=cfg.max_running))
+            specs += [s for s in policies.theta_sweep(n=caps) if s not in specs]
         if not specs:
             raise ValueError("no policies given")
         for s in specs:  # parse them all before running any
@@ -139,7 +152,11 @@ def simulate(
               "concurrency": wl.concurrency_label(concurrency),
               "engine": {"rules": cfg.rules, "max_running": cfg.max_running, "token_budget": cfg.token_budget,
                          "kv_tokens": cfg.kv_tokens, "block_size": cfg.page, "mixed_chunk": cfg.mixed_chunk},
-              "cost_model": costs.describe(cm), "best_fixed_theta": best_theta(results)}
+              "cost_model": costs.describe(cm), "best_fixed_theta": best_theta(results),
+              "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
+              "winners": winners(results), "notes": notes(results, slo_ttft, slo_tpot)}
+    if sweep_theta:
+        header["sweep"] = {"n": sweep_n or "eq6", "caps": dict(zip(policies.theta_grid(), caps, strict=True))}
     if json_out:
         print(json.dumps(jsonable({**header, "results": results})))
     else:
@@ -158,28 +175,128 @@ def _command_line() -> str:
 
 def best_theta(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The best ``eb:theta=X`` run by throughput, and each other policy's throughput as a share of it."""
-    fixed = [r for r in results if r["policy"].startswith("eb:theta=")]
+    fixed = [r for r in results if policies.fixed_theta(r["policy"]) is not None]
     if not fixed:
         return None
     best = max(fixed, key=lambda r: r["total_tok_per_s"])
-    return {"policy": best["policy"], "theta": float(best["policy"].split("=")[1]),
+    return {"policy": best["policy"], "theta": policies.fixed_theta(best["policy"]),
             "total_tok_per_s": best["total_tok_per_s"],
             "share": {r["policy"]: r["total_tok_per_s"] / best["total_tok_per_s"]
-                      for r in results if not r["policy"].startswith("eb:theta=")}}
+                      for r in results if policies.fixed_theta(r["policy"]) is None}}
+
+
+def _schedule(r: dict[str, Any]) -> tuple:
+    """What identifies a run's schedule: the engine is deterministic, so equal schedules give equal numbers."""
+    steps = tuple(sorted((r.get("steps") or {}).items()))
+    return r.get("makespan_s"), r.get("tokens_out"), r.get("preemptions"), steps
+
+
+def _stock(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r for r in results if r["policy"] in ("v0", "stock")), None)
+
+
+# (what, key path, better: +1 higher / -1 lower)
+MEASURES = (("output tok/s", ("tok_per_s",), 1), ("TTFT p50", ("ttft_s", "p50"), -1),
+            ("TTFT p99", ("ttft_s", "p99"), -1), ("TPOT p99", ("tpot_s", "p99"), -1),
+            ("ITL p99", ("itl_s", "p99"), -1), ("goodput", ("goodput_frac",), 1))
+
+
+def _get(r: dict[str, Any], path: tuple[str, ...]) -> float:
+    x: Any = r
+    for k in path:
+        x = x.get(k) if isinstance(x, dict) else None
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else math.nan
+
+
+def winners(results: list[dict[str, Any]], rel: float = 1e-9) -> list[dict[str, Any]]:
+    """Per measure, the policies that do best (ties within ``rel`` all named) and their value; the fixed-θ
+    rows of a sweep are left out unless nothing else ran."""
+    pool = [r for r in results if policies.fixed_theta(r["policy"]) is None] or results
+    out = []
+    for what, path, sign in MEASURES:
+        vals = [(r["policy"], _get(r, path)) for r in pool]
+        vals = [(p, v) for p, v in vals if math.isfinite(v)]
+        if not vals:
+            continue
+        best = max(sign * v for _, v in vals)
+        out.append({"measure": what, "value": sign * best,
+                    "policies": [p for p, v in vals if sign * v >= best - rel * max(abs(best), 1e-300)]})
+    return out
+
+
+def notes(results: list[dict[str, Any]], slo_ttft: float, slo_tpot: float) -> list[str]:
+    """Plain words for two results that look like bugs and are not: a θ sweep equal to stock, and goodput
+    near 0 for every policy."""
+    out = []
+    fixed = [r for r in results if policies.fixed_theta(r["policy"]) is not None]
+    stock = _stock(results)
+    if len(fixed) > 1 and len({_schedule(r) for r in fixed}) == 1:
+        same = (f"equals {stock['policy']}'s (stock) schedule exactly" if stock is not None
+                and _schedule(stock) == _schedule(fixed[0]) else "gives the same schedule")
+        running = f" (stock ran {stock['mean_running']:.0f} on average)" if stock and "mean_running" in stock else ""
+        out.append(f"every eb:theta row {same}: θ changed nothing, because the batch cap N never filled before "
+                   f"the KV cache did{running}, so each refill ran on and k never held a prefill back. Give "
+                   "--sweep-n a cap below the batch the KV cache holds, or 0 for Eq. 6's N̂*.")
+    elif stock is not None and fixed:
+        same = [r["policy"] for r in fixed if _schedule(r) == _schedule(stock)]
+        if same:
+            out.append(f"{', '.join(same)} equal {stock['policy']} (stock) exactly: at that cap the KV cache fills "
+                       "before the slots do, so each refill ran on and k never held a prefill back.")
+    good = [r.get("goodput_frac", math.nan) for r in results]
+    if results and all(math.isfinite(g) and g <= 0.01 for g in good):
+        ttft = max((r.get("ttft_slo_frac", math.nan) for r in results), default=math.nan)
+        tpot = max((r.get("tpot_slo_frac", math.nan) for r in results), default=math.nan)
+        why = [f"goodput ≤ 1% for every policy: at most {ttft:.0%} of requests met TTFT ≤ {slo_ttft:g} s and "
+               f"{tpot:.0%} TPOT ≤ {slo_tpot * 1e3:g} ms"]
+        if stock is not None and isinstance(stock.get("concurrency"), int) and stock.get("req_per_s"):
+            c, running = stock["concurrency"], stock.get("mean_running", math.nan)
+            if math.isfinite(running) and c > running + 1:
+                wait = (c - running) / stock["req_per_s"]
+                why.append(f"the client keeps {c} requests outstanding and stock runs {running:.0f} at once, so "
+                           f"{c - running:.0f} queue for about {wait:.1f} s each at {stock['req_per_s']:.2f} req/s "
+                           f"(Little's law): no TTFT objective under ~{wait:.0f} s can be met at this load, whatever "
+                           f"the policy; --concurrency {running:.0f} or less measures latency below saturation")
+        out.append("; ".join(why) + ".")
+    return out
 
 
 def _f(x: float, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x * scale:,.{digits}f}"
 
 
+def _vs(r: dict[str, Any], stock: dict[str, Any] | None) -> str:
+    """Output tok/s, with its change on stock's where a stock row ran."""
+    text = _f(r["tok_per_s"], digits=0)
+    if stock is not None and r is not stock and stock.get("tok_per_s"):
+        text += f" {r['tok_per_s'] / stock['tok_per_s'] - 1:+.1%}"
+    return text
+
+
+def _share(r: dict[str, Any], key: str) -> str:
+    x = r.get(key)
+    return f"{x:.0%}" if isinstance(x, int | float) and math.isfinite(x) else "-"
+
+
+def _winner_text(w: dict[str, Any]) -> str:
+    what, v = w["measure"], w["value"]
+    value = (f"{v:,.0f}" if what == "output tok/s" else f"{v:.0%}" if what == "goodput"
+             else f"{v:.2f} s" if what.startswith("TTFT") else f"{v * 1e3:,.1f} ms")
+    if what == "goodput" and v <= 0:
+        return "goodput: none met the SLO"
+    return f"{what}: {', '.join(w['policies'])} ({value})"
+
+
 def render(header: dict[str, Any], results: list[dict[str, Any]], console: Console) -> None:
-    cols = ("policy", "out tok/s", "total tok/s", "req/s", "TTFT p50/p99 s", "TPOT p50/p99 ms",
-            "ITL p99 ms", "goodput", "preempt", "peak KV", "mode / k·N")
-    rows = [(r["policy"], _f(r["tok_per_s"], digits=0), _f(r["total_tok_per_s"], digits=0),
-             _f(r["req_per_s"]), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
+    """The table (throughput and latency side by side, led by the policy, split into parts on a narrow terminal),
+    then the SLO, which policy wins on which measure, and notes."""
+    stock = _stock(results)
+    cols = ("policy", "out tok/s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p99 ms", "goodput",
+            "SLO met TTFT/TPOT", "total tok/s", "req/s", "preempt", "peak KV", "mode / k·N")
+    rows = [(r["policy"], _vs(r, stock), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
              f"{_f(r['tpot_s']['p50'], 1e3, 1)}/{_f(r['tpot_s']['p99'], 1e3, 1)}",
-             _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}", str(r["preemptions"]),
-             f"{r['peak_kv_frac']:.0%}", _modes(r)) for r in results]
+             _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}",
+             f"{_share(r, 'ttft_slo_frac')}/{_share(r, 'tpot_slo_frac')}", _f(r["total_tok_per_s"], digits=0),
+             _f(r["req_per_s"]), str(r["preemptions"]), f"{r['peak_kv_frac']:.0%}", _modes(r)) for r in results]
 
     def table(title: str, idx: list[int]) -> Table:
         t = Table(title=title, title_justify="left")
@@ -199,11 +316,20 @@ def render(header: dict[str, Any], results: list[dict[str, Any]], console: Conso
     title = f"{header['profile']} · {header['workload']} · {header['requests']} requests · c={header['concurrency']}"
     for n, idx in enumerate([*parts, cur]):
         console.print(table(title if n == 0 else "", idx))
+    slo = header.get("slo")
+    if slo:
+        console.print(f"goodput: the share of requests with TTFT ≤ {slo['ttft_s']:g} s and TPOT ≤ "
+                      f"{slo['tpot_s'] * 1e3:g} ms (--slo-ttft, --slo-tpot; default: MLPerf's server limits for "
+                      "Llama-3.1-8B); SLO met: each objective alone", highlight=False)
+    if header.get("winners") and len(results) > 1:
+        console.print("best · " + " · ".join(_winner_text(w) for w in header["winners"]), highlight=False)
     best = header.get("best_fixed_theta")
     if best:
         shares = ", ".join(f"{k} {v:.1%}" for k, v in best["share"].items())
-        console.print(f"best fixed θ = {best['theta']:.2f} ({best['total_tok_per_s']:,.0f} tok/s); "
+        console.print(f"best fixed θ = {best['theta']:.2f} ({best['policy']}, {best['total_tok_per_s']:,.0f} tok/s); "
                       f"share of it: {shares}", highlight=False)
+    for note in header.get("notes") or ():
+        console.print(f"note: {note}", highlight=False)
 
 
 def _modes(r: dict[str, Any]) -> str:
@@ -230,14 +356,14 @@ def draw(results: list[dict[str, Any]], path: Path, *, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sweep = sorted((float(r["policy"].split("=")[1]), r["total_tok_per_s"]) for r in results
-                   if r["policy"].startswith("eb:theta="))
+    sweep = sorted((policies.fixed_theta(r["policy"]), r["total_tok_per_s"]) for r in results
+                   if policies.fixed_theta(r["policy"]) is not None)
     plus = [r for r in results if r["policy"].startswith("eb+")]
     fig, axes = plt.subplots(1, 2 if plus else 1, figsize=(12 if plus else 7, 4), squeeze=False)
     ax = axes[0][0]
     if sweep:
         ax.plot([s[0] for s in sweep], [s[1] for s in sweep], "o-", label="eb:theta=X")
-    for i, r in enumerate(r for r in results if not r["policy"].startswith("eb:theta=")):
+    for i, r in enumerate(r for r in results if policies.fixed_theta(r["policy"]) is None):
         ax.axhline(r["total_tok_per_s"], color=f"C{i + 1}", ls="--", label=r["policy"])
     ax.set_xlabel("θ = k/N")
     ax.set_ylabel("total tokens/s")

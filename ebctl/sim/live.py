@@ -3,11 +3,20 @@
 Same engine and gate as ``ebctl simulate``, but the policy comes from the daemon over the real sockets
 (``EngineLink``) and every iteration is reported back, paced in (scaled) real time, so ``ebctl status``
 shows a live controller. Run: ``python -m ebctl.sim.live --config FILE [--speed X] [--workload NAME]``.
+
+The defaults make a demo that shows learning within a minute: twice as many requests in flight as slots, so
+requests always wait (the measured tuner runs trials only on a saturated engine), at 100 simulated seconds per
+wall second (a measurement window is ~400 completions, ~50 simulated seconds of this engine, and a trial starts
+only while exploring has cost under 1% of the time: trials come simulated minutes apart). The tuner's
+windows and its exploration ledger run on the reports' (simulated) times; the daemon's wall-clock timers (eb+
+probes of ``probe_s``, N changed at most every ``n_min_interval_s``, the policy TTL) last ``speed`` times longer
+in simulated time, their shares of the time unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import time
@@ -18,9 +27,9 @@ import msgspec
 from ebctl import config as config_mod
 from ebctl import profiles
 from ebctl.link import EngineLink
-from ebctl.protocol import IterationReport, Policy
+from ebctl.protocol import IterationReport, Mode, Policy
 from ebctl.sim import costs, hardware, runner, workloads
-from ebctl.sim.engine import EngineConfig
+from ebctl.sim.engine import Engine, EngineConfig
 from ebctl.sim.policies import ModeChange
 
 
@@ -49,30 +58,108 @@ class LinkSource:
         self.link.report(report)
 
 
+def describe(p: Policy | None) -> str:
+    """A policy as the [sim] lines name it: stock (no policy, or mode off), mb, or eb with its k and N."""
+    if p is None or p.mode is Mode.OFF:
+        return "stock"
+    if p.mode is Mode.MB:
+        return "mb"
+    return f"eb k={p.k} N={p.n_max}"
+
+
+MIN_COMPARE_S = 30.0  # simulated seconds a mode must have run before its rate is compared with stock's
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """What the engine did between two [sim] lines (simulated seconds): its output tokens, the policies in force
+    in order (repeats merged), the queue at the end, and per mode (stock, mb, eb) the output tokens and seconds
+    since the warm-up (the first line's interval, where the batch fills from empty)."""
+
+    t0: float
+    t1: float
+    tokens: int
+    policies: tuple[str, ...]
+    running: int
+    waiting: int
+    by_mode: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / (self.t1 - self.t0) if self.t1 > self.t0 else math.nan
+
+
+def bought(by_mode: tuple[tuple[str, float, float], ...], mode: str) -> str:
+    """What running ``mode`` bought: its output rate against stock's, both over all the time each ran since the
+    warm-up (switches included: what a switch costs belongs to the mode switched to); '' until both ran
+    ``MIN_COMPARE_S`` or when ``mode`` is stock."""
+    runs = {m: (tok, sec) for m, tok, sec in by_mode}
+    if mode == "stock" or mode not in runs or "stock" not in runs:
+        return ""
+    (tok, sec), (stok, ssec) = runs[mode], runs["stock"]
+    if min(sec, ssec) < MIN_COMPARE_S or stok <= 0:
+        return ""
+    rate, srate = tok / sec, stok / ssec
+    return (f"{mode} {rate / srate - 1:+.1%} on stock: {rate:,.0f} against {srate:,.0f} output tok/s "
+            f"(over {sec:,.0f} s and {ssec:,.0f} s)")
+
+
+def line(iv: Interval) -> str:
+    """A [sim] line: output tok/s since the last line, the queue, the policy (old → new when it changed); under
+    it, what the mode now running bought against stock (``bought``)."""
+    pols = iv.policies
+    pol = pols[0] if len(pols) == 1 else (" → ".join(pols) if len(pols) <= 3
+                                          else f"{pols[0]} → … → {pols[-1]} ({len(pols) - 1} changes)")
+    gain = bought(iv.by_mode, pols[-1].split()[0]) if pols else ""
+    return (f"[sim] t={iv.t1:6.0f}s  output {iv.rate:5,.0f} tok/s  running {iv.running} waiting {iv.waiting}  "
+            f"policy {pol}" + (f"\n[sim]          {gain}" if gain else ""))
+
+
 class Pacer:
-    """Sleeps so that simulated time runs ``speed`` times faster than the wall clock; prints a status line."""
+    """Sleeps so that simulated time runs ``speed`` times faster than the wall clock; every ``every_s`` wall
+    seconds prints a ``line`` on the interval since the last one. Each step's output tokens and seconds are
+    counted to the mode of the policy it ran under."""
 
     def __init__(self, source: LinkSource, speed: float, every_s: float = 5.0) -> None:
         self.source, self.speed, self.every_s = source, speed, every_s
         self.t0 = time.monotonic()
         self.next_print = self.t0 + every_s
-        self.tokens = 0
+        self.engine: Engine | None = None
         self.stop = False
+        self.mark = (0.0, 0)  # simulated time and output tokens at the last line
+        self.policies: list[str] = []
+        self.tokens = 0  # output tokens after the last step
+        self.by_mode: dict[str, list[float]] | None = None  # None during the warm-up
+
+    def attach(self, engine: Engine) -> None:
+        self.engine = engine
 
     def __call__(self, now: float, rep: IterationReport) -> None:
         if self.stop:
             raise Stop
-        self.tokens += rep.prefill_tokens + rep.decode_reqs
+        if self.engine is None:
+            return
+        pol = describe(self.source.last)
+        if not self.policies or self.policies[-1] != pol:
+            self.policies.append(pol)
+        made, self.tokens = self.engine.tokens_out - self.tokens, self.engine.tokens_out
+        if self.by_mode is not None:
+            acc = self.by_mode.setdefault(pol.split()[0], [0.0, 0.0])
+            acc[0] += made
+            acc[1] += rep.wall_time - now
         ahead = now / self.speed - (time.monotonic() - self.t0)
         if ahead > 0:
             time.sleep(min(ahead, 1.0))
         wall = time.monotonic()
         if wall >= self.next_print:
-            p = self.source.last
-            pol = f"{p.mode} k={p.k} N={p.n_max} v{p.version}" if p else "stock (no policy)"
-            print(f"[sim] t={now:8.1f}s  {self.tokens / max(now, 1e-9):8.0f} tok/s (simulated)  "
-                  f"running={rep.running:4d} waiting={rep.waiting:5d}  policy: {pol}", flush=True)
+            modes = tuple((m, tok, sec) for m, (tok, sec) in (self.by_mode or {}).items())
+            iv = Interval(self.mark[0], rep.wall_time, self.tokens - self.mark[1], tuple(self.policies),
+                          rep.running, rep.waiting, modes)
+            print(line(iv), flush=True)
+            self.mark, self.policies = (rep.wall_time, self.tokens), [pol]
             self.next_print = wall + self.every_s
+            if self.by_mode is None:
+                self.by_mode = {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,22 +168,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-id", default="sim0")
     ap.add_argument("--profile", default="qwen3-8b/rtx-pro-6000")
     ap.add_argument("--workload", default="azure-conv")
-    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="requests in flight (closed loop); 0: twice --max-running, so the engine stays saturated")
     ap.add_argument("--requests", type=int, default=1_000_000, help="stop after this many")
     ap.add_argument("--max-running", type=int, default=1024)
-    ap.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second")
+    ap.add_argument("--speed", type=float, default=100.0,
+                    help="simulated seconds per wall second (slower where this machine cannot keep up)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:
         cfg = config_mod.load(a.config)
         prof = profiles.load(a.profile)
         wl = workloads.load(a.workload, a.requests, seed=a.seed)
-        if not a.speed > 0 or a.concurrency < 1:
-            raise ValueError("--speed must be > 0 and --concurrency >= 1")
+        if not a.speed > 0 or a.concurrency < 0 or a.max_running < 1:
+            raise ValueError("--speed must be > 0, --concurrency >= 0 and --max-running >= 1")
     except (ValueError, OSError, config_mod.ConfigError, profiles.ProfileError) as e:
         print(f"ebctl.sim.live: {e}", file=sys.stderr)
         return 2
     engine_id = f"{cfg.daemon.node}/{a.engine_id}" if cfg.daemon.node else a.engine_id
+    concurrency = a.concurrency or 2 * a.max_running
     econf = EngineConfig(max_running=a.max_running, kv_tokens=hardware.kv_capacity_tokens(prof.model, prof.gpu),
                          engine_id=engine_id)
     with EngineLink.from_config(cfg, engine_id) as link:
@@ -108,10 +198,12 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        print(f"[sim] engine {engine_id}: {prof.name}, workload {wl.name}, c={a.concurrency}, "
-              f"speed x{a.speed:g}; reporting to {cfg.endpoint('telemetry')}", flush=True)
+        print(f"[sim] engine {engine_id}: {prof.name}, workload {wl.name}, {concurrency} requests in flight on "
+              f"{a.max_running} slots, speed x{a.speed:g} (t: simulated seconds); reporting to "
+              f"{cfg.endpoint('telemetry')}", flush=True)
         try:
-            res = runner.run(wl, source, costs.build(prof), econf, concurrency=a.concurrency, on_step=pacer)
+            res = runner.run(wl, source, costs.build(prof), econf, concurrency=concurrency, on_step=pacer,
+                             on_start=pacer.attach)
         except Stop:
             print(f"[sim] stopped; link: {link.stats()}", flush=True)
             return 0

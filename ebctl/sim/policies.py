@@ -15,6 +15,10 @@
 * ``default``: the controller exactly as a default install configures it (``ControllerParams()``, no profile:
   the default costs until its online fits pass; the engine's limit and KV capacity from its reports).
 
+A list of policies is comma-separated like their options (``v0,eb:theta=0.3,n=300``): ``split_specs`` starts a
+new policy at each piece that begins with a policy's name and gives every ``key=value`` piece to the policy
+before it.
+
 A source is fed every ``IterationReport`` (``observe``) and asked for the policy before the next step
 (``policy(now)``, simulated time). The controller's policy is re-stamped with ``now`` each step: the
 in-process controller stands for a live daemon, so its policy never expires on the TTL.
@@ -23,15 +27,21 @@ in-process controller stands for a live daemon, so its policy never expires on t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
+import numpy as np
 
 from ebctl import model
 from ebctl.controller import Controller, ControllerParams
+from ebctl.estimate import fit_hazard
 from ebctl.protocol import IterationReport, Mode, Policy
 
+NAMES = ("v0", "stock", "mb", "eb", "eb-auto", "eb+", "default")
+KNOWN = ("v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+ or default (options after a colon, comma-separated: "
+         "eb:theta=0.3,n=300)")
 FIXED_OPTIONS = {"k", "theta", "n", "kv", "defer"}
 AUTO_OPTIONS = {"method", "delta", "defer", "window", "every", "theta"}
 
@@ -137,11 +147,11 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
         return Stock(name=spec)
     if head == "mb":
         o = _options(rest, {"n"}, spec)
-        n = int(_num(o, "n", spec, max_running, 1))
+        n = int(_num(o, "n", spec, max_running, 1, max_running))
         return Fixed(spec, Policy(engine_id=engine_id, version=1, mode=Mode.MB, k=1, n_max=n))
     if head == "eb":
         o = _options(rest, FIXED_OPTIONS, spec)
-        n = int(_num(o, "n", spec, max_running, 1))
+        n = int(_num(o, "n", spec, max_running, 1, max_running))
         if ("k" in o) == ("theta" in o):
             raise ValueError(f"policy {spec!r}: give exactly one of k= or theta=")
         if "k" in o:
@@ -170,11 +180,71 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
             update_every=int(_num(o, "every", spec, defaults.update_every, 1)),
             **({"theta_min": pin, "theta_max": pin} if math.isfinite(pin) else {}))
         return Auto(spec, Controller(params, costs, engine_id=engine_id, cost_source="profile" if costs else ""))
-    raise ValueError(f"unknown policy {spec!r}: v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+ or default "
-                     "(options after a colon, comma-separated)")
+    raise ValueError(f"unknown policy {spec!r}: {KNOWN}")
 
 
-def theta_sweep(lo: float = 0.05, hi: float = 0.95, step: float = 0.05) -> list[str]:
-    """``eb:theta=X`` for X in lo..hi."""
-    n = round((hi - lo) / step) + 1
-    return [f"eb:theta={lo + i * step:.2f}" for i in range(n)]
+def split_specs(text: str) -> list[str]:
+    """The policies of a comma-separated list whose options are comma-separated too: a piece that begins with a
+    policy's name (``NAMES``, before any colon) starts a policy, a ``key=value`` piece is one more option of the
+    policy before it (which must have its colon). Raises ``ValueError`` naming the piece otherwise."""
+    out: list[str] = []
+    for piece in filter(None, (x.strip() for x in text.split(","))):
+        if piece.partition(":")[0].strip() in NAMES:
+            out.append(piece)
+        elif "=" in piece and out and ":" in out[-1]:
+            out[-1] += "," + piece
+        elif "=" in piece and out:
+            raise ValueError(f"option {piece!r} follows {out[-1]!r}, which has no colon: write {out[-1]}:{piece}")
+        elif "=" in piece:
+            raise ValueError(f"option {piece!r} comes before any policy: {KNOWN}")
+        else:
+            raise ValueError(f"unknown policy {piece!r}: {KNOWN}")
+    return out
+
+
+def fixed_theta(spec: str) -> float | None:
+    """θ of an ``eb:theta=X[,...]`` policy; None for any other."""
+    head, _, rest = spec.partition(":")
+    if head.strip() != "eb":
+        return None
+    opts = dict(part.strip().partition("=")[::2] for part in rest.split(",") if part.strip())
+    try:
+        return float(opts["theta"]) if "theta" in opts else None
+    except ValueError:
+        return None
+
+
+def theta_grid(lo: float = 0.05, hi: float = 0.95, step: float = 0.05) -> list[float]:
+    """θ from lo to hi in steps, rounded to the hundredth the sweep's names carry."""
+    return [round(lo + i * step, 2) for i in range(round((hi - lo) / step) + 1)]
+
+
+def theta_sweep(lo: float = 0.05, hi: float = 0.95, step: float = 0.05, *,
+                n: int | Sequence[int] | None = None) -> list[str]:
+    """``eb:theta=X`` for X in lo..hi; with ``n``, at that batch cap (one for all, or one per θ)."""
+    thetas = theta_grid(lo, hi, step)
+    if n is None:
+        return [f"eb:theta={t:.2f}" for t in thetas]
+    caps = [n] * len(thetas) if isinstance(n, int) else list(n)
+    if len(caps) != len(thetas):
+        raise ValueError(f"{len(caps)} caps for {len(thetas)} values of theta")
+    return [f"eb:theta={t:.2f},n={c}" for t, c in zip(thetas, caps, strict=True)]
+
+
+def eq6_caps(thetas: Sequence[float], *, input_len: np.ndarray, output_len: np.ndarray, kv_tokens: int,
+             max_running: int, params: ControllerParams | None = None) -> list[int]:
+    """Eq. 6's N̂* at each θ as the controller computes it (``Controller._eq6``), the workload's lengths as its
+    window: p̂0 of the hazard fit, μ̂_L, the measured margin v̄ (or the geometric one, per ``n_variance``), ε and
+    the bound of ``params``, clipped to [n_floor_frac × max_running, max_running]. EB at the engine's own slot
+    count is stock wherever the KV cache fills before the slots do (a refill never ends); N̂* is the cap the
+    controller would run, so θ has something to act on."""
+    p = params or ControllerParams()
+    ins, outs = np.asarray(input_len, dtype=np.float64), np.asarray(output_len, dtype=np.float64)
+    hz = fit_hazard(outs, discrete_correction=p.discrete_correction)
+    mu_l = float(ins.mean())
+    p0 = min(hz.p0 if hz.p0 > 0 else 1.0 / max(hz.mu_o, 1.0), 1.0)
+    vbar = (model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
+            if p.n_variance == "measured" else None)
+    floor = max(1, math.ceil(p.n_floor_frac * max_running))
+    return [min(max(model.n_star(kv_tokens, p.eps, t, p0, mu_l, bound=p.n_bound, vbar_=vbar), floor), max_running)
+            for t in thetas]

@@ -37,7 +37,7 @@ def test_sweep_theta_adds_fixed_thetas_and_the_best():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     pol = [x["policy"] for x in out["results"]]
-    assert pol[0] == "v0" and len(pol) == 20 and pol[1] == "eb:theta=0.05"
+    assert pol[0] == "v0" and len(pol) == 20 and pol[1] == f"eb:theta=0.05,n={out['sweep']['caps']['0.05']}"
     assert out["best_fixed_theta"]["policy"] in pol and 0 < out["best_fixed_theta"]["share"]["v0"] <= 1.001
 
 
