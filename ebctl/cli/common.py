@@ -1,7 +1,7 @@
 """The base of the ``ebctl`` command line: the Typer app, the global options (``--config``, ``--set``,
 ``--runtime-dir``, ``--insecure``) and ``--version``, the ``command`` decorator, exits and messages, and
-control requests to the daemon (``request`` / ``ask`` / ``answers``). Every other module of ``ebctl.cli``
-imports ``view`` and this one, and this one imports none of them.
+control requests to the daemon (``request`` / ``ask`` / ``answers``). The other modules of ``ebctl.cli``
+import ``view`` and this one (``interrupt`` excepted), and this one imports only ``interrupt`` of them.
 
 The global options are taken before or after the command's name by the commands that read the
 configuration (``daemon``, ``start``, ``status``, ``tune``, ``reload``, ``config``). ``profiles``,
@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ebctl import config
+from ebctl.cli.interrupt import ends_quietly, interrupted
 from ebctl.config import Config, ConfigError
 
 # ---- coercion without pydantic where none is needed -----------------------------------------------------
@@ -72,14 +73,29 @@ class _LazyCoercion:
 
 
 class Group(_LazyCoercion, typer.core.TyperGroup):
-    """typer's group, coercing as above."""
+    """typer's group, coercing as above; Ctrl-C in a command is ``interrupted``'s (typer's own answer,
+    "Aborted!" and exit 1 in older versions, would not say what happened)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
 
 
 class Command(_LazyCoercion, typer.core.TyperCommand):
     """typer's command, coercing as above."""
 
 
-app = typer.Typer(name="ebctl", cls=Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+class App(typer.Typer):
+    """The Typer app, Ctrl-C ending it quietly wherever it lands (``interrupt``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with ends_quietly():
+            return super().__call__(*args, **kwargs)
+
+
+app = App(name="ebctl", cls=Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Online controller for exclusive vs mixed batching in SGLang.")
 tune_app = typer.Typer(cls=Group, no_args_is_help=True,
                        help="Change the running daemon's settings or export its costs.")

@@ -33,7 +33,8 @@ def status(
     show_all: Annotated[bool, typer.Option(
         "--all", "-a", help="every daemon counter and engine field instead of the compact view")] = False,
     engines: Annotated[list[str] | None, typer.Option(
-        "--engine", "-e", show_default=False, help="only this engine id (repeatable)")] = None,
+        "--engine", "-e", show_default=False, help="only this engine id (repeatable; one the daemon does not "
+        "know: exit 1, naming those it knows; with --watch it may come later)")] = None,
 ) -> None:
     """Per engine: mode, k, N, the policy's age, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, μ̂_L, μ̂_O, the costs and cost
     fits in use, the gate's decisions and why; the daemon in two lines (every counter with --all)."""
@@ -42,7 +43,11 @@ def status(
     def fetch(first: bool = False) -> dict[str, Any]:
         data = ask(cfg, "status") if first else _status_or_error(cfg)
         if only and isinstance(data.get("engines"), dict):
-            data["engines"] = {k: v for k, v in data["engines"].items() if k in only}
+            known = data["engines"]
+            if first and not watch and (missing := sorted(only - known.keys())):
+                fail(f"ebctl status: no engine {', '.join(map(repr, missing))}; engines: "
+                     f"{', '.join(sorted(known)) or 'none has reported yet'}", 1)
+            data["engines"] = {k: v for k, v in known.items() if k in only}
         return data
 
     data = fetch(first=True)  # unreachable at the start: exit 1 (in --watch, later misses show on screen)
@@ -114,12 +119,20 @@ def calibrate(
     engine: Annotated[str, typer.Option(help="engine id (default: the daemon picks)")] = "",
 ) -> None:
     """Export the daemon's fitted costs as a profile file (use it with --set daemon.profile=FILE)."""
+    if out is not None:  # before asking: a fit is not thrown away for a typo in the path
+        if not out.parent.is_dir():
+            fail(f"ebctl tune calibrate: --out {out}: no directory {out.parent}", 2)
+        if out.is_dir():
+            fail(f"ebctl tune calibrate: --out {out} is a directory; name the file", 2)
     data = ask(cfg, "calibrate", engine=engine)
     text = data if isinstance(data, str) else json.dumps(jsonable(data), indent=1)
     if out is None:
         sys.stdout.write(text.rstrip("\n") + "\n")
         return
-    out.write_text(text.rstrip("\n") + "\n")
+    try:
+        out.write_text(text.rstrip("\n") + "\n")
+    except OSError as e:
+        fail(f"ebctl tune calibrate: --out {out}: {e.strerror or e}", 2)
     say(f'wrote {out}; use it with --set daemon.profile={out} (or profile = "{out}" in [daemon])')
 
 
@@ -206,7 +219,17 @@ def config_show(
 
 
 @command(config_app, "check")
-def config_check(g: Globals, file: Annotated[Path, typer.Argument(help="the TOML file to check")]) -> None:
-    """Validate a config file (with any --set applied): prints "ok" (exit 0) or the error (exit 2)."""
-    g.load(str(file))
-    typer.echo(f"ok: {file}")
+def config_check(g: Globals, file: Annotated[Path | None, typer.Argument(
+        help="the TOML file to check (default: the one `ebctl daemon` would read: --config, EBCTL_CONFIG or "
+        f"{config.DEFAULT_PATH})", show_default=False)] = None) -> None:
+    """Check a configuration (with any --set applied) as the daemon does before it starts: the keys, the
+    cost profile, the endpoints and keys, the socket paths. Prints "ok" (exit 0) or the error (exit 2)."""
+    from ebctl import security
+    from ebctl.daemon.control import preflight
+
+    cfg = g.load(str(file) if file is not None else None)
+    try:
+        preflight(cfg)
+    except (ConfigError, security.SecurityError) as e:
+        fail(f"invalid configuration: {e}", 2)
+    typer.echo(f"ok: {cfg.path or 'built-in defaults'}{' + --set' if g.sets or g.runtime_dir or g.insecure else ''}")

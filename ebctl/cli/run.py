@@ -120,7 +120,8 @@ def start(
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}
         try:
             code = supervisor.Supervisor(cfg, grace).run(lambda restarts: daemon_command(cfg, g, restarts),
-                                                         engine_cmd, env, ready_timeout, f"{engine} engine", lock)
+                                                         engine_cmd, env, ready_timeout, f"{engine} engine", lock,
+                                                         engine_stops_group=engine is Engine.SGLANG)
         finally:
             cfg_file.unlink(missing_ok=True)
     finally:

@@ -8,8 +8,10 @@ daemon publishes (docs/design.md §3). A daemon that exits 2 refused its configu
 valid TOML or not UTF-8, a bad key or endpoint): started again it would refuse again, so it is restarted only
 once the config file changes (looked at every second: size, mtime, content hash) or ``ebctl reload`` asks;
 the engine keeps serving meanwhile. The engine's exit stops the daemon and ends ``start`` with 0 when the
-engine exited 0, else 1. Ctrl-C (or SIGTERM/SIGHUP) stops both, the engine first: SIGTERM, then SIGKILL after
-the grace period. Linux also SIGTERMs both if ``ebctl start`` itself dies (``PR_SET_PDEATHSIG``).
+engine exited 0, else 1. Ctrl-C (or SIGTERM/SIGHUP) stops both, the engine first: SIGTERM, then SIGKILL to the
+group after the grace period. sglang's SIGTERM goes to its launcher alone: the launcher drains and stops its
+own children, and to it a scheduler that a signal stopped first is a crash (SIGQUIT, crash diagnostics). Linux
+also SIGTERMs both if ``ebctl start`` itself dies (``PR_SET_PDEATHSIG``).
 
 One ``start`` per runtime directory: it holds an flock on ``start.lock`` there for its life (``StartLock``),
 so a second one is refused before it touches the first one's files. The file names the supervisor's pid;
@@ -67,6 +69,7 @@ class Child:
 
     name: str
     proc: subprocess.Popen
+    leader_stops_group: bool = False  # SIGTERM goes to the leader alone: it stops the rest of its group itself
     last_line: str = ""  # the last non-empty line it wrote to stderr, where ``tee_stderr`` reads it
     reader: threading.Thread | None = None
 
@@ -97,6 +100,12 @@ class Child:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
+
+    def signal_leader(self, sig: signal.Signals) -> None:
+        if self.proc.returncode is not None:  # reaped: the pid may be another's by now
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.proc.pid, sig)
 
     def reap(self, timeout: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -265,10 +274,12 @@ class Supervisor:
         self.lock: StartLock | None = None
 
     def run(self, daemon_cmd: Callable[[int], list[str]], engine_cmd: list[str], env: dict[str, str],
-            ready_timeout: float, engine_name: str, lock: StartLock | None = None) -> int:
+            ready_timeout: float, engine_name: str, lock: StartLock | None = None,
+            engine_stops_group: bool = False) -> int:
         """``daemon_cmd(restarts)``: the daemon's command line for its ``restarts``-th restart (0: the first
-        start). ``lock`` gets this process's pid once ``RETRY_SIGNAL`` is handled. Returns the exit code of
-        ``ebctl start``."""
+        start). ``lock`` gets this process's pid once ``RETRY_SIGNAL`` is handled. ``engine_stops_group``: the
+        engine's first process stops its own children on SIGTERM (``Child.leader_stops_group``). Returns the
+        exit code of ``ebctl start``."""
         old = {s: signal.signal(s, lambda *_: self.stop.set())
                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         old[RETRY_SIGNAL] = signal.signal(RETRY_SIGNAL, lambda *_: self.retry.set())
@@ -283,7 +294,7 @@ class Supervisor:
                 return ready
             if self.stop.is_set():
                 return 0
-            engine = self.spawn(engine_name, engine_cmd, env)
+            engine = self.spawn(engine_name, engine_cmd, env, leader_stops_group=engine_stops_group)
             say(f"ebctl: daemon (pid {daemon.proc.pid}) at {self.cfg.endpoint('control')} and "
                 f"{engine_name} (pid {engine.proc.pid}) running; Ctrl-C stops both")
             return self._watch(daemon, engine, daemon_cmd, env, engine_name)
@@ -357,12 +368,13 @@ class Supervisor:
         say("ebctl: stopping the " + " and the ".join(c.name for c in reversed(self.children)))
         return 0
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str], first: bool = False) -> Child:
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str], first: bool = False,
+              leader_stops_group: bool = False) -> Child:
         """The daemon's stderr passes through here (``Child.tee_stderr``): its last line says why it exited."""
         tee = name == "daemon"
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_pdeathsig(),
                                 stderr=subprocess.PIPE if tee else None)
-        child = Child(name, proc)
+        child = Child(name, proc, leader_stops_group)
         if tee:
             child.reader = threading.Thread(target=child.tee_stderr, name=f"{name}-stderr", daemon=True)
             child.reader.start()
@@ -391,11 +403,16 @@ class Supervisor:
         return 0
 
     def terminate(self, child: Child) -> None:
-        """SIGTERM to the child's group, SIGKILL after the grace period; returns when the group is gone and the
-        child reaped, no longer one of ``children``."""
-        child.signal_group(signal.SIGTERM)
+        """SIGTERM to the child's group (to its leader alone if that stops the group itself and still runs;
+        to the group too if the leader exits leaving members), SIGKILL to the group after the grace period;
+        returns when the group is gone and the child reaped, no longer one of ``children``."""
+        leader_only = child.leader_stops_group and child.exit_code() is None
+        (child.signal_leader if leader_only else child.signal_group)(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         while child.group_alive() and time.monotonic() < deadline:
+            if leader_only and child.exit_code() is not None:  # it died, leaving members (sglang still loading)
+                child.signal_group(signal.SIGTERM)
+                leader_only = False
             time.sleep(0.05)
         if child.group_alive():
             say(f"ebctl: the {child.name} ignored SIGTERM for {self.grace:g} s: SIGKILL")

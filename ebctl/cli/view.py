@@ -228,9 +228,10 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
     if d.get("metrics"):
         where.append(f"metrics {d['metrics']}")
     lines = [first, _line(" · ".join(where), style="dim")]
-    problems = [(k, v) for k, v in _flatten({k: v for k, v in counts.items() if k not in
-                                             ("received", "published", "republished", "control_requests", "frames",
-                                              "dispatch_received")})
+    not_problems = {"received", "published", "republished", "control_requests", "frames", "dispatch_received"}
+    if "control_refused" in counts:  # the clients' mistakes, apart (a daemon without the split: all are problems)
+        not_problems |= {"control_errors", "control_refused", "control_rejected"}
+    problems = [(k, v) for k, v in _flatten({k: v for k, v in counts.items() if k not in not_problems})
                 if isinstance(v, int | float) and v]
     restarts = d.get("restarts", d.get("daemon_restarts"))
     if restarts:  # by ebctl start's supervisor
@@ -238,6 +239,11 @@ def _daemon_lines(d: dict[str, Any]) -> list[Text]:
     if problems:
         lines.append(_line(("problems ", "bold yellow"), " · ".join(f"{k} {num(v)}" for k, v in problems),
                            style="yellow"))
+    refused = counts.get("control_refused")
+    if isinstance(refused, int) and refused:  # each client was told why; nothing wrong with the daemon
+        bad = counts.get("control_rejected")
+        why = [f"{k} {num(v)}" for k, v in (bad.items() if isinstance(bad, dict) else ()) if v]
+        lines.append(_line(" · ".join([f"refused requests {num(refused)}", *why]), style="dim"))
     for warning in d.get("warnings") or ():  # the set-up runs, but an operator should fix it
         lines.append(_line(("warning ", "bold red"), str(warning), style="red"))
     tuned = d.get("tuned")

@@ -28,6 +28,7 @@ from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Estimates
 
 log = logging.getLogger("ebctl.daemon")
 
+MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 # daemon.* keys a running daemon can change; the rest (sockets, keys, exporter) need a restart
 LIVE_DAEMON_KEYS = frozenset({"republish_s", "log_level", "profile", "node"})
 TUNED_FILE = "tuned.json"  # in the runtime directory: the keys changed by `tune`, for a restarted daemon
@@ -42,6 +43,21 @@ def load_costs(profile: str) -> tuple[Costs | None, str]:
     except profiles.ProfileError as e:
         raise ConfigError(f"daemon.profile={profile!r}: {e}") from None
     return p.costs, f"profile:{p.name}"
+
+
+def preflight(cfg: Config) -> None:
+    """Every check of its configuration that the daemon makes before it binds anything, and
+    ``ebctl config check`` makes too: the keys together, the cost profile, the endpoints and CURVE keys, the
+    socket paths' length. Reads files, writes none. Not checked here: the runtime directory's owner and mode
+    (they depend on the user the daemon runs as; it checks them at start). ConfigError or SecurityError."""
+    cfg.check()
+    load_costs(cfg.daemon.profile)
+    security.check_endpoints(cfg)
+    for which in security.ENDPOINTS:
+        path = security.ipc_path(cfg.endpoint(which))
+        if path is not None and len(os.fsencode(path)) > MAX_IPC_PATH:
+            raise ConfigError(f"{cfg.endpoint(which)!r}: unix socket paths are limited to {MAX_IPC_PATH} "
+                              "bytes; choose a shorter daemon.runtime_dir")
 
 
 def _simulator_costs(eng: Engine) -> dict[str, Any]:

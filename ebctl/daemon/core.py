@@ -188,7 +188,9 @@ class Daemon(ControlOps, DaemonShell):
             log.warning("rejected %s (%s, %d so far): %s", what, reason, n, err)
 
     def handle_control(self, frames: list[bytes], now: float) -> ControlReply:
-        """One control request → its reply. Never raises: garbage gets ``ok=False`` and is counted."""
+        """One control request → its reply. Never raises: garbage gets ``ok=False`` and is counted. A refusal
+        the request earned (malformed, unknown op, a refused tune) is the client's mistake (``control_refused``);
+        an op that raised is the daemon's (``faults``); both count in ``control_errors``."""
         c = self.counters
         c.control_requests += 1
         try:
@@ -197,19 +199,24 @@ class Daemon(ControlOps, DaemonShell):
             req: ControlRequest = decode(frames[0], ControlRequest)
         except ProtocolError as e:
             c.control_errors += 1
+            c.control_refused += 1
             self._reject(c.control_rejected, e, "control request")
             return ControlReply(ok=False, error=f"bad request: {e}")
         op = self._ops.get(req.op)
         if op is None:
             c.control_errors += 1
+            c.control_refused += 1
             return ControlReply(ok=False, error=f"unknown op {req.op!r}; ops: {', '.join(CONTROL_OPS)}")
         try:
             reply = op(req.args, now)
         except Exception as e:  # a bug in an op must still answer, and must not stop the daemon
-            log.exception("control op %r failed", req.op)
-            reply = ControlReply(ok=False, error=f"{req.op} failed: {type(e).__name__}: {e}")
+            c.control_errors += 1
+            c.faults += 1
+            log.exception("fault %d, in control op %r (the daemon goes on)", c.faults, req.op)
+            return ControlReply(ok=False, error=f"{req.op} failed: {type(e).__name__}: {e}")
         if not reply.ok:
             c.control_errors += 1
+            c.control_refused += 1
             log.warning("control %s refused: %s", req.op, reply.error)
         return reply
 

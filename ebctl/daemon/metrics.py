@@ -141,8 +141,11 @@ class DaemonCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_received", "valid iteration reports received (all engines)",
                                   value=c.received)
         yield CounterMetricFamily(f"{PREFIX}_published", "policies published with a new version", value=c.published)
-        yield CounterMetricFamily(f"{PREFIX}_control_errors", "control requests answered ok=false",
-                                  value=c.control_errors)
+        yield CounterMetricFamily(f"{PREFIX}_control_errors", "control requests answered ok=false (refused ones "
+                                  "and the daemon's faults on one)", value=c.control_errors)
+        yield CounterMetricFamily(f"{PREFIX}_control_refused", "control requests refused for the request's sake "
+                                  "(malformed, unknown op, a tune or reload refused): the clients' mistakes",
+                                  value=c.control_refused)
         yield CounterMetricFamily(f"{PREFIX}_faults", "the daemon's own errors on one frame, request or reload "
                                   "(logged; the daemon went on)", value=c.faults)
         yield CounterMetricFamily(f"{PREFIX}_policies_refused", "policies beyond the engine's reported limits, "

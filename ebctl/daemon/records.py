@@ -1,6 +1,6 @@
 """The daemon's records: one engine id's controller and bookkeeping, and the daemon's counters. Plain data,
-read by every other module of ``ebctl.daemon``, which import downward only: ``records`` → ``metrics``,
-``control`` and ``shell`` → ``core``."""
+read by every other module of ``ebctl.daemon``, which import downward only: ``records`` → ``metrics`` and
+``control`` → ``shell`` → ``core``."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ class Counters:
     faults: int = 0  # the daemon's own errors while handling one frame, request or reload (each logged)
     policies_refused: int = 0  # policies outside the engine's reported limits: stock published instead
     control_requests: int = 0
-    control_errors: int = 0
+    control_errors: int = 0  # every control reply with ok=false: control_refused, plus faults on a request
+    control_refused: int = 0  # refused for the request's sake: malformed, unknown op, a tune or reload said no
     control_rejected: dict[str, int] = field(default_factory=lambda: {"malformed": 0, "version": 0,
                                                                        "validation": 0})
     published: int = 0

@@ -24,6 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ebctl import bounds, security
 from ebctl.config import ConfigError
+from ebctl.daemon.control import preflight
 from ebctl.daemon.dispatch import DispatchRecord
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Engine
 from ebctl.protocol import ControlReply, Mode, encode
@@ -33,7 +34,6 @@ log = logging.getLogger("ebctl.daemon")
 BATCH = 512  # telemetry frames per loop turn: control requests and the republish timer are never starved
 POLL_MAX_S = 0.1  # longest sleep: how soon a signal or stop() is noticed
 MAX_MSG_BYTES = 4 << 20
-MAX_IPC_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 RUN_DIR_CHECK_S = 1.0  # how often the loop checks that its runtime directory and sockets still exist
 
 class DaemonShell:
@@ -92,13 +92,10 @@ class DaemonShell:
         return self.exit_code
 
     def _prepare(self) -> None:
-        security.check_endpoints(self.cfg)
+        preflight(self.cfg)  # what `ebctl config check` checks too
         run_dir = security.ensure_runtime_dir(self.cfg.daemon.runtime_dir)
         for which in security.ENDPOINTS:
             path = security.ipc_path(self.cfg.endpoint(which))
-            if path is not None and len(os.fsencode(path)) > MAX_IPC_PATH:
-                raise ConfigError(f"{self.cfg.endpoint(which)!r}: unix socket paths are limited to {MAX_IPC_PATH} "
-                                  "bytes; choose a shorter daemon.runtime_dir")
             if path is not None and path.parent != run_dir:
                 if self.cfg.daemon.insecure:
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,4 +285,5 @@ class DaemonShell:
             return encode(reply)
         except (TypeError, msgspec.EncodeError) as e:
             self.counters.control_errors += 1
+            self.counters.faults += 1  # the daemon's own reply: not the client's mistake
             return encode(ControlReply(ok=False, error=f"reply not encodable: {e}"))

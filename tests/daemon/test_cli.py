@@ -12,7 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import polling
 import pytest
+from polling import scaled
 
 from ebctl import config, profiles
 from ebctl.link import ControlClient, DaemonUnreachable, EngineLink
@@ -22,8 +24,9 @@ EBCTL = [sys.executable, "-m", "ebctl"]
 
 
 def ebctl(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    """The CLI; ``timeout`` (scaled) only bounds a hang."""
     env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
-    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=scaled(timeout), env=env)
 
 
 def alive(pid: int) -> bool:
@@ -36,13 +39,8 @@ def alive(pid: int) -> bool:
 
 
 def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    """polling.wait_for (the limit scaled for a loaded machine), polling every 50 ms: each poll is a request."""
+    return polling.wait_for(pred, timeout, what, interval=0.05)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -71,9 +69,9 @@ def cfg_for(rundir: str) -> config.Config:
 
 
 def status(rundir: str, timeout_s: float = 1.0):
-    """The daemon's status data, or None if it does not answer."""
+    """The daemon's status data, or None if it does not answer within ``scaled(timeout_s)``."""
     try:
-        with ControlClient.from_config(cfg_for(rundir), timeout_s=timeout_s) as c:
+        with ControlClient.from_config(cfg_for(rundir), timeout_s=scaled(timeout_s)) as c:
             reply = c.request("status")
     except DaemonUnreachable:
         return None
@@ -105,6 +103,10 @@ def daemon(rundir, conf_file):
         kill_group(proc)
 
 
+def reports(rundir: str, engine_id: str) -> int | None:
+    return (status(rundir) or {}).get("engines", {}).get(engine_id, {}).get("reports")
+
+
 def feed(rundir: str, engine_id: str = "e0", n: int = 50) -> None:
     with EngineLink.from_config(cfg_for(rundir), engine_id) as link:
         for seq in range(n):
@@ -112,7 +114,8 @@ def feed(rundir: str, engine_id: str = "e0", n: int = 50) -> None:
                                         kind=BatchKind.DECODE, decode_reqs=8, decode_ctx_tokens=4000, running=8,
                                         kv_used=4000, kv_total=100_000,
                                         finished=(FinishedRequest(input_len=100, output_len=20),)))
-        time.sleep(0.2)  # linger 0 on close: give the queue time to leave
+        # linger 0 on close: keep the link open until the daemon has counted every report
+        wait_for(lambda: reports(rundir, engine_id) == n, 10, f"the {n} reports of {engine_id}")
 
 
 def test_status_json_and_table(daemon, rundir):
@@ -127,16 +130,33 @@ def test_status_json_and_table(daemon, rundir):
     assert table.returncode == 0 and "engine e0" in table.stdout and "θ̂*" in table.stdout
 
 
+def test_status_of_an_unknown_engine_names_those_there_are_and_refusals_are_no_problem(daemon, rundir):
+    feed(rundir, "b")
+    feed(rundir, "a")
+    wait_for(lambda: len((status(rundir) or {}).get("engines", {})) == 2, 5, "both engines")
+    for asked in (["nosuch"], ["b", "nosuch"]):
+        r = ebctl("status", *(x for e in asked for x in ("--engine", e)), "--runtime-dir", rundir)
+        assert (r.returncode, r.stderr, r.stdout) == (1, "ebctl status: no engine 'nosuch'; engines: a, b\n", "")
+    r = ebctl("status", "--engine", "b", "--runtime-dir", rundir)
+    assert r.returncode == 0 and "engine b" in r.stdout and "engine a" not in r.stdout
+    # the client's mistake, refused by the daemon (theta_min above theta_max): not the daemon's problem
+    assert ebctl("tune", "set", "controller.theta_min=0.95", "--runtime-dir", rundir).returncode == 2
+    c = status(rundir)["daemon"]["counters"]
+    assert (c["control_refused"], c["control_errors"], c["faults"]) == (1, 1, 0)
+    lines = ebctl("status", "--runtime-dir", rundir).stdout.splitlines()
+    assert "refused requests 1" in lines and not any(line.startswith("problems") for line in lines), lines
+
+
 def test_daemon_stops_cleanly_on_ctrl_c_and_sigterm(daemon, rundir, conf_file):
     daemon.send_signal(signal.SIGINT)
-    assert daemon.wait(10) == 0
+    assert daemon.wait(scaled(10)) == 0
     assert not (Path(rundir) / "control.sock").exists()
     again = subprocess.Popen([*EBCTL, "daemon", "--runtime-dir", rundir, "--config", str(conf_file)],
                              start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: status(rundir), 15, "the second daemon to answer")
         again.terminate()
-        assert again.wait(10) == 0
+        assert again.wait(scaled(10)) == 0
     finally:
         kill_group(again)
 
@@ -155,8 +175,7 @@ def test_tune_calibrate_writes_a_loadable_profile(daemon, rundir, tmp_path):
                                     kind=BatchKind.DECODE, decode_reqs=size, decode_ctx_tokens=100 * size,
                                     running=size)
             link.report(r)
-        time.sleep(0.2)
-    wait_for(lambda: (status(rundir) or {}).get("engines", {}).get("e1", {}).get("reports") == 400, 5, "reports")
+        wait_for(lambda: reports(rundir, "e1") == 400, 10, "reports")  # before the link closes (linger 0)
     out = tmp_path / "e1.json"
     r = ebctl("tune", "calibrate", "--out", str(out), "--engine", "e1", "--runtime-dir", rundir)
     assert r.returncode == 0, r.stderr
@@ -234,7 +253,7 @@ def test_start_ctrl_c_stops_daemon_engine_and_grandchildren(rundir, tmp_path):
         assert (Path(rundir) / "start.toml").is_file()
         assert all(map(alive, (daemon_pid, engine_pid, grandchild_pid)))
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=scaled(15))
         assert proc.returncode == 0, err
         assert "stopping" in err
         assert not any(map(alive, (daemon_pid, engine_pid, grandchild_pid)))
@@ -252,7 +271,7 @@ def test_children_die_with_a_killed_start(rundir, tmp_path):
         wait_for(pids_file.exists, 20, "the engine to start")
         pids = [status(rundir)["daemon"]["pid"], *map(int, pids_file.read_text().split())]
         proc.kill()
-        proc.wait(5)
+        proc.wait(scaled(5))
         wait_for(lambda: not alive(pids[0]) and not alive(pids[1]), 10, "the daemon and the engine to stop")
     finally:
         kill_group(proc)
@@ -266,7 +285,7 @@ def test_start_stops_the_daemon_when_the_engine_dies(rundir, tmp_path):
     try:
         wait_for(pids_file.exists, 20, "the engine to start")
         daemon_pid = wait_for(lambda: (status(rundir) or {}).get("daemon", {}).get("pid"), 5, "the daemon")
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=scaled(15))
         assert proc.returncode == 1
         assert "exited with code 3" in err and "stopping the daemon" in err
         assert not alive(daemon_pid)
@@ -277,7 +296,7 @@ def test_start_stops_the_daemon_when_the_engine_dies(rundir, tmp_path):
 def test_start_exits_0_when_the_engine_finishes_normally(rundir, tmp_path):
     proc, _ = start_fake(rundir, tmp_path, exit_after=1.0, code=0)
     try:
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=scaled(20))
         assert proc.returncode == 0, err
         assert "exited with code 0" in err
     finally:
@@ -301,7 +320,7 @@ def test_start_restarts_a_killed_daemon_and_never_stops_the_engine(rundir, tmp_p
         assert daemon_config(rundir)["controller"]["theta_max"] == 0.55
         assert alive(engine_pid) and alive(grandchild_pid) and proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=scaled(20))
         assert proc.returncode == 0, err
         assert "restart 1" in err and "keeps serving" in err
         assert not any(map(alive, (second["pid"], engine_pid, grandchild_pid)))
@@ -327,7 +346,7 @@ def test_start_reload_rereads_the_operators_config_file(rundir, tmp_path):
 def test_start_refuses_a_second_daemon(daemon, rundir, tmp_path):
     proc, pids_file = start_fake(rundir, tmp_path)
     try:
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=scaled(15))
         assert proc.returncode == 1 and "already answers" in err and not pids_file.exists()
         assert daemon.poll() is None  # the running one is untouched
     finally:
@@ -346,7 +365,7 @@ def test_start_sim_smoke(rundir):
         assert engine["reports"] > 0
         daemon_pid = status(rundir)["daemon"]["pid"]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=scaled(15))
         assert proc.returncode == 0, err
         assert not alive(daemon_pid)
     finally:

@@ -189,7 +189,7 @@ def test_status_once_and_filtered(fed):
     assert full.returncode == 0 and "published_version" in full.stdout and "handshake_failed" in full.stdout
     none = subprocess.run([*EBCTL, "status", "--engine", "nope", "--config", str(fed.cfg_path)],
                           capture_output=True, text=True, timeout=scaled(20), env=env)
-    assert none.returncode == 0 and "none of the 2 engines matches --engine" in none.stdout
+    assert none.returncode == 1 and "no engine 'nope'; engines: node-a/dp0, node-b/dp1" in none.stderr
 
 
 def test_config_show_says_whose_configuration_it_prints(fed, tmp_path):

@@ -27,7 +27,7 @@ LABEL = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 EQUALS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"')  # label="value": an exact match
 DAEMON_WIDE = {"ebctl_rejected_total", "ebctl_received_total", "ebctl_published_total", "ebctl_control_errors_total",
                "ebctl_handshake_failed_total", "ebctl_engines", "ebctl_daemon_restarts_total", "ebctl_faults_total",
-               "ebctl_policies_refused_total"}  # no engine label
+               "ebctl_policies_refused_total", "ebctl_control_refused_total"}  # no engine label
 
 
 @pytest.fixture(scope="module")

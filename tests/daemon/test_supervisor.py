@@ -1,7 +1,8 @@
 """`ebctl start`'s supervisor against real processes: a daemon that refuses its configuration is held (not
 restarted in a loop) until its file changes or `ebctl reload`; one `start` per runtime directory; only live
-children, and only groups whose leader it has not reaped, are signalled; a config file the CLI cannot read is
-one line and exit 2."""
+children, and only groups whose leader it has not reaped, are signalled; an engine that stops its own children
+(sglang's launcher) gets SIGTERM alone, its group SIGKILL after the grace period; a config file the CLI cannot
+read is one line and exit 2."""
 
 import os
 import shutil
@@ -14,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
+import polling
 import pytest
+from polling import scaled
 
 from ebctl import config
 from ebctl.cli import supervisor
@@ -25,7 +28,7 @@ EBCTL = [sys.executable, "-m", "ebctl"]
 
 def ebctl(*args: str, timeout: float = 40) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
-    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=scaled(timeout), env=env)
 
 
 def alive(pid: int) -> bool:
@@ -38,13 +41,8 @@ def alive(pid: int) -> bool:
 
 
 def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    """polling.wait_for (the limit scaled for a loaded machine), polling every 50 ms: each poll is a request."""
+    return polling.wait_for(pred, timeout, what, interval=0.05)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -71,7 +69,8 @@ def rundir():
 def status(rundir: str):
     """The daemon's status data, or None if it does not answer."""
     try:
-        with ControlClient.from_config(config.load(None, {"daemon.runtime_dir": rundir}), timeout_s=1.0) as c:
+        cfg = config.load(None, {"daemon.runtime_dir": rundir})
+        with ControlClient.from_config(cfg, timeout_s=scaled(1.0)) as c:
             reply = c.request("status")
     except DaemonUnreachable:
         return None
@@ -115,7 +114,7 @@ def running(rundir: str, pid_file: Path) -> tuple[int, int]:
 def stop(proc: subprocess.Popen) -> None:
     """Ctrl-C: `ebctl start` stops everything and exits 0."""
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(20) == 0
+    assert proc.wait(scaled(20)) == 0
 
 
 def held_lines(err_file: Path) -> list[str]:
@@ -255,7 +254,7 @@ def test_supervisor_keeps_live_children_only_and_signals_only_unreaped_groups(ru
     t = threading.Thread(target=drive)
     t.start()
     code = sup.run(daemon_cmd, engine, dict(os.environ), 30.0, "engine")
-    t.join(60)
+    t.join(scaled(60))
     assert not errors, errors
     assert code == 0 and sup.restarts == 1
     assert names == ["daemon", "engine"]
@@ -272,3 +271,87 @@ def test_reload_with_a_config_file_it_cannot_read_is_one_line_and_exit_2(tmp_pat
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("invalid configuration:") and r.stderr.count("\n") == 1, r.stderr
     assert str(conf) in r.stderr and "Traceback" not in r.stderr
+
+
+# An engine whose first process stops its own child, as sglang's launcher stops its scheduler: on SIGTERM it
+# asks the child (SIGUSR1) and exits once the child has; or, told to, it ignores SIGTERM, or dies of it at
+# once (sglang's launcher while it loads the model), leaving the child behind. Each process writes the signals
+# it got to the log; the child exits a moment after the first, so that a SIGTERM to the whole group is in the
+# log whichever signal it handled first.
+CHILD = textwrap.dedent("""
+    import signal, sys, time
+    log, got = sys.argv[1], []
+    def on(sig, _):
+        with open(log, "a") as f:
+            f.write(f"child {signal.Signals(sig).name}\\n")
+        got.append(sig)
+    signal.signal(signal.SIGTERM, on)
+    signal.signal(signal.SIGUSR1, on)
+    with open(log, "a") as f:
+        f.write("child ready\\n")
+    while not got:
+        time.sleep(0.01)
+    time.sleep(0.3)
+""")
+LEADER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    log, child_code, how = sys.argv[1:4]
+    child = subprocess.Popen([sys.executable, "-c", child_code, log])
+    while "child ready" not in open(log).read():
+        time.sleep(0.01)
+    def on_term(*_):
+        with open(log, "a") as f:
+            f.write("leader SIGTERM\\n")
+        if how == "stop":
+            child.send_signal(signal.SIGUSR1)
+            child.wait()
+            sys.exit(0)
+    if how != "die":
+        signal.signal(signal.SIGTERM, on_term)
+    with open(log, "a") as f:
+        f.write(f"leader ready {child.pid}\\n")
+    while True:
+        time.sleep(1)
+""")
+
+
+@pytest.mark.parametrize("stops_group,how,must,may", [
+    (True, "stop", {"leader SIGTERM", "child SIGUSR1"}, set()),  # sglang: the leader alone told, it stops the child
+    (False, "stop", {"leader SIGTERM", "child SIGTERM"}, {"child SIGUSR1"}),  # the sim engine, the daemon: all told
+    (True, "die", {"child SIGTERM"}, set()),  # the leader gone, what it left is SIGTERMed at once
+    (True, "ignore", {"leader SIGTERM"}, set()),  # a leader that does nothing: its group SIGKILLed after the grace
+], ids=["leader-stops-its-group", "group", "leader-dies-first", "leader-ignores-sigterm"])
+def test_stop_signals_the_leader_alone_when_it_stops_its_own_group(rundir, tmp_path, monkeypatch, capsys,
+                                                                   stops_group, how, must, may):
+    bad: list[tuple[int, int]] = []
+    real_killpg = os.killpg
+
+    def killpg(pgid: int, sig: int) -> None:
+        try:
+            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            bad.append((pgid, sig))
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    log = tmp_path / "signals.log"
+    log.write_text("")
+    sup = supervisor.Supervisor(config.load(None, {"daemon.runtime_dir": rundir}), grace=3)
+    daemon = [sys.executable, "-m", "ebctl.daemon", "--set", f"daemon.runtime_dir={rundir}", "--set",
+              "daemon.log_level=warning"]
+    engine = [sys.executable, "-c", LEADER, str(log), CHILD, how]
+    t = threading.Thread(target=lambda: (wait_for(lambda: "leader ready" in log.read_text(), 30, "the engine"),
+                                         sup.stop.set()))
+    t.start()
+    try:
+        code = sup.run(lambda _: daemon, engine, dict(os.environ), 30.0, "engine", engine_stops_group=stops_group)
+    finally:
+        sup.stop.set()
+        t.join(40)
+    lines = log.read_text().splitlines()
+    child = int(next(line for line in lines if line.startswith("leader ready")).split()[-1])
+    got = {line for line in lines if "ready" not in line}
+    assert code == 0 and sup.children == [] and bad == []
+    assert must <= got <= must | may
+    assert not alive(child)
+    assert ("the engine ignored SIGTERM for 3 s: SIGKILL" in capsys.readouterr().err) == (how == "ignore")

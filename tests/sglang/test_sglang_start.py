@@ -1,8 +1,9 @@
 """``ebctl start --engine sglang -- <sglang args>``: the product's way in. It starts the daemon, then
 ``python -m sglang.launch_server`` with SGLANG_PLUGINS=ebctl and EBCTL_CONFIG; the engine reports and
 obeys; kill -9 of the daemon under load loses no request (the supervisor restarts the daemon, the engine
-runs its policy to its TTL, then stock, until the new daemon publishes); Ctrl-C (SIGINT) stops both and
-leaves no process behind."""
+runs its policy to its TTL, then stock, until the new daemon publishes); Ctrl-C (SIGINT) stops both the way
+sglang stops cleanly (SIGTERM to its launcher alone), logs no crash and leaves no process behind, also while
+sglang is still loading."""
 
 from __future__ import annotations
 
@@ -90,12 +91,49 @@ def test_ebctl_start_runs_daemon_and_sglang_and_ctrl_c_stops_both(sglang_venv, t
         assert final["k"] == 4 and final["n_max"] == 8
         assert "restart 1" in (workdir / "start.log").read_text()
 
+        before = len((workdir / "start.log").read_bytes())
+        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does: the foreground process gets SIGINT
         rc = proc.wait(90)
+        print(f"Ctrl-C to the exit of ebctl start: {time.monotonic() - t0:.2f} s")
         assert rc == 0, (workdir / "start.log").read_text()[-3000:]
         wait_for(lambda: not processes_with(marker), 15, "every process of ebctl start to exit")
         assert status(control) is None
         assert not (rt / "start.toml").exists()
+        assert_clean_stop((workdir / "start.log").read_bytes()[before:].decode(errors="replace"))
+    finally:
+        log.close()
+        kill_leftovers(proc, marker)
+
+
+def assert_clean_stop(said: str) -> None:
+    """What was logged from Ctrl-C on: no crash of sglang's (a scheduler stopped under its launcher is one to it:
+    SIGQUIT, crash diagnostics), no traceback, no SIGKILL after the grace period."""
+    for sign in ("crashed", "SIGQUIT", "crash diagnostics", "Traceback", "ignored SIGTERM"):
+        assert sign not in said, said[-3000:]
+
+
+def test_ctrl_c_while_sglang_loads_stops_everything_quietly(sglang_venv, tiny_model, workdir):
+    """Ctrl-C before sglang serves (its launcher cannot drain yet: SIGTERM kills it, leaving its scheduler and
+    detokenizer loading): everything stops, without waiting out the grace period."""
+    rt = workdir / "rt"
+    marker = f"EBCTL_CONFIG={rt / 'start.toml'}"
+    cmd = [str(sglang_venv / "bin" / "python"), "-m", "ebctl", "--runtime-dir", str(rt), "start", "--engine", "sglang",
+           "--", "--model-path", str(tiny_model), "--host", "127.0.0.1", "--port", str(free_port()), *TINY_ARGS]
+    env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+    env.update(ONE_TORCH_CORE)
+    log = open(workdir / "start.log", "wb")  # noqa: SIM115 -- closed below
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    try:
+        # sglang's launcher has spawned its scheduler (which loads the model for a while yet)
+        wait_for(lambda: len(processes_with(marker)) >= 3 and "server_args=" in (workdir / "start.log").read_text(),
+                 120, "sglang to start loading")
+        before = len((workdir / "start.log").read_bytes())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, (workdir / "start.log").read_text()[-3000:]
+        wait_for(lambda: not processes_with(marker), 15, "every process of ebctl start to exit")
+        assert_clean_stop((workdir / "start.log").read_bytes()[before:].decode(errors="replace"))
     finally:
         log.close()
         kill_leftovers(proc, marker)

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -119,6 +120,83 @@ def test_config_check_ignores_a_broken_default_file(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text("")
     assert invoke("--config", str(broken), "config", "check", str(good)).exit_code == 0
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["daemon.profile=/nonexistent/p.json"], "daemon.profile='/nonexistent/p.json'"),  # the daemon's load_costs
+    (["daemon.control_endpoint=tcp://0.0.0.0:5599"], "it needs CURVE keys"),  # security.check_endpoints
+    (["daemon.runtime_dir=/tmp/" + "r" * 100], "unix socket paths are limited to 107 bytes"),  # the ipc path length
+], ids=["profile", "endpoint", "ipc-path"])
+def test_config_check_refuses_what_the_daemon_refuses_at_start(sets, needle, tmp_path):
+    """`config check` (a file, or without one the configuration `ebctl daemon` would read) and the daemon
+    itself refuse the same setting, each in one line, exit 2."""
+    flags = [x for kv in sets for x in ("--set", kv)]
+    f = tmp_path / "ok.toml"
+    f.write_text('[controller]\nmode = "eb+"\n')
+    for args in ([*flags, "config", "check"], ["config", "check", str(f), *flags]):
+        r = invoke(*args)
+        assert r.exit_code == 2 and r.stderr.startswith("invalid configuration:") and needle in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stdout == ""
+    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
+    d = subprocess.run([sys.executable, "-m", "ebctl", "daemon", *flags], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=tmp_path)
+    assert d.returncode == 2 and "refusing to start" in d.stderr and needle in d.stderr, d.stderr
+
+
+def test_config_check_without_a_file_checks_what_the_daemon_would_start_with(tmp_path):
+    r = invoke("config", "check", "--set", "daemon.profile=qwen3-8b/h200")
+    assert r.exit_code == 0 and r.stdout == "ok: built-in defaults + --set\n", r.output
+    f = tmp_path / "e.toml"
+    f.write_text('[daemon]\nprofile = "/nonexistent/p.json"\n')
+    assert invoke("--config", str(f), "config", "check").exit_code == 2
+
+
+def test_tune_calibrate_out_in_a_missing_directory_is_one_line_exit_2(tmp_path):
+    """Refused before the daemon is asked (none runs here: asking would exit 1), and nothing written."""
+    rd = tmp_path / "rt"
+    for out, needle in ((tmp_path / "no" / "dir" / "p.json", f"no directory {tmp_path / 'no' / 'dir'}"),
+                        (tmp_path, "is a directory")):
+        r = invoke("tune", "calibrate", "--out", str(out), "--runtime-dir", str(rd))
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "no").exists() and sorted(tmp_path.iterdir()) == []
+
+
+# Ctrl-C at a chosen point: this child sends itself SIGINT (the signal a terminal sends) when it first imports
+# TARGET, then runs the console script's entry point, ``ebctl.cli:app``. With HOW "importerror", the interrupt
+# surfaces as the ImportError an interrupted C extension raises ("initialization failed").
+INTERRUPTED = """
+import importlib.abc, os, signal, sys
+target, how = sys.argv[1], sys.argv[2]
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target_=None):
+        if name == target:
+            sys.meta_path.remove(self)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10_000):  # the handler runs here
+                    pass
+            except KeyboardInterrupt:
+                if how == "importerror":
+                    raise ImportError("initialization failed") from None
+                raise
+        return None
+sys.meta_path.insert(0, Interrupt())
+from ebctl.cli import app
+sys.exit(app(sys.argv[3:], prog_name="ebctl"))
+"""
+
+
+@pytest.mark.parametrize("target,how", [
+    ("typer", "interrupt"),  # while `ebctl.cli` is imported, before any command runs
+    ("ebctl.link", "interrupt"),  # inside `ebctl status`, as it first asks the daemon
+    ("zmq", "importerror"),  # inside the command too, surfacing as an ImportError
+])
+def test_ctrl_c_anywhere_is_one_line_and_exit_130(target, how, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED, target, how, "status", "--runtime-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (r.returncode, r.stderr, r.stdout) == (130, "interrupted\n", "")
 
 
 def test_status_against_a_dead_endpoint_exits_1_and_names_it(tmp_path):
