@@ -37,7 +37,8 @@ SLOW = "a benchmark of {s}; its figures are the README's; --all runs it"
 @dataclass(frozen=True)
 class Step:
     """How a README command is walked: ``run`` (as written, within ``timeout`` s), ``demo`` (the
-    supervised demo: bounded, with the second shell's commands meanwhile), or ``skip`` (``why``)."""
+    supervised demo: bounded, with the second shell's commands meanwhile), ``sglang`` (the real sglang CPU
+    server under ``ebctl start``: bounded, ``ebctl status`` must show ``expect``), or ``skip`` (``why``)."""
 
     how: str
     why: str = ""
@@ -54,7 +55,9 @@ PLAN: dict[str, Step] = {
     "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies "
     "v0,mb,eb-auto,eb+": Step("run", timeout=180, expect="eb-auto"),
     "python tools/readme_walkthrough.py": Step("skip", "this walkthrough"),
-    "pip install 'ebctl[sglang]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
+    "pip install -e '.[sglang]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
+    "bash tools/sglang_cpu/start.sh": Step("sglang", expect="dp0", timeout=900),
+    "ebctl status": Step("skip", "run against the CPU server above, and against the demo"),
     "ebctl start --engine sglang -- --model-path Qwen/Qwen3-8B --enable-mixed-chunk --max-running-requests 1024":
         Step("skip", "needs a GPU and downloads Qwen3-8B; tests/sglang runs the real sglang on CPU"),
     "ebctl status --watch": Step("skip", "run against the demo, with the second shell's commands"),
@@ -216,6 +219,19 @@ class Walk:
         finally:
             self.stop(proc, log, start, step.expect)
 
+    def sglang(self, cmd: str, step: Step) -> None:
+        """The CPU recipe: start it (the first run builds sglang's environment), wait for its engine in
+        ``ebctl status``, then Ctrl-C: it must stop cleanly."""
+        proc, log = self.start(cmd)
+        try:
+            if not self.wait_for_engine(proc, step.timeout):
+                self.record("FAIL", cmd, f"no engine in `ebctl status` after {step.timeout:g} s: "
+                            f"{log.read_text(errors='replace')[-1500:]}")
+                return
+            self.run("ebctl status", timeout=30, expect=step.expect)
+        finally:
+            self.stop(proc, log, cmd, "")
+
     def own_daemon(self) -> None:
         """The daemon alone, on a config file; edit the file, ``ebctl reload``, see the change."""
         conf = self.work / "ebctl.toml"
@@ -234,8 +250,8 @@ class Walk:
         finally:
             self.stop(proc, log, cmd, "")
 
-    def wait_for_engine(self, proc: subprocess.Popen) -> bool:
-        deadline = time.monotonic() + 60
+    def wait_for_engine(self, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             p = subprocess.run("ebctl status --json", shell=True, env=self.env, capture_output=True, text=True)
             if p.returncode == 0 and json.loads(p.stdout).get("engines"):
@@ -273,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if step.how == "skip" or (step.slow and not a.all):
                 walk.record("skip", cmd, step.why)
+            elif step.how == "sglang":
+                walk.sglang(cmd, step)
             elif step.how == "demo":
                 if a.here:
                     cmd = "true && " + cmd.partition(" && ")[2]  # already installed here
