@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polling
 import pytest
 from polling import scaled, wait_for  # noqa: F401  (re-exported: the daemon tests import them from here)
 
@@ -129,3 +131,38 @@ def _overrides(args: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+EBCTL = [sys.executable, "-m", "ebctl"]
+
+
+def ebctl(*args: str, timeout: float = 40) -> subprocess.CompletedProcess:
+    """The CLI, without an EBCTL_CONFIG from the caller's environment; ``timeout`` (scaled) only bounds a hang."""
+    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
+    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=scaled(timeout), env=env)
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie has exited; only its parent has yet to read the status)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] not in "ZX"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Teardown: whatever a test left behind in the group of ``proc`` goes."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(3)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_requests(pred, timeout: float, what: str):
+    """polling.wait_for (the limit scaled for a loaded machine), polling every 50 ms: each poll is a request."""
+    return polling.wait_for(pred, timeout, what, interval=0.05)

@@ -12,49 +12,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import polling
 import pytest
+from ebd_helpers import EBCTL, alive, ebctl, kill_group
+from ebd_helpers import wait_requests as wait_for
 from polling import scaled
 
 from ebctl import config, profiles
 from ebctl.link import ControlClient, DaemonUnreachable, EngineLink
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport
-
-EBCTL = [sys.executable, "-m", "ebctl"]
-
-
-def ebctl(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    """The CLI; ``timeout`` (scaled) only bounds a hang."""
-    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
-    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=scaled(timeout), env=env)
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie (a zombie has exited; only its parent has yet to read the status)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] not in "ZX"
-
-
-def wait_for(pred, timeout: float, what: str):
-    """polling.wait_for (the limit scaled for a loaded machine), polling every 50 ms: each poll is a request."""
-    return polling.wait_for(pred, timeout, what, interval=0.05)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """Teardown: whatever a test left behind in the group of ``proc`` goes."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(3)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture

@@ -15,47 +15,31 @@ import threading
 import time
 from pathlib import Path
 
-import polling
 import pytest
+from ebd_helpers import alive, ebctl, kill_group
+from ebd_helpers import wait_requests as wait_for
 from polling import scaled
 
 from ebctl import config
 from ebctl.cli import supervisor
 from ebctl.link import ControlClient, DaemonUnreachable
 
-EBCTL = [sys.executable, "-m", "ebctl"]
 
+def checked_killpg(monkeypatch) -> list[tuple[int, int]]:
+    """Make every ``os.killpg`` first ask the kernel (waitid, without reaping) whether the group's leader is an
+    unreaped child of this process; the (pgid, signal) of each one that is not, whose id may be anyone's."""
+    bad: list[tuple[int, int]] = []
+    real_killpg = os.killpg
 
-def ebctl(*args: str, timeout: float = 40) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "EBCTL_CONFIG"}
-    return subprocess.run([*EBCTL, *args], capture_output=True, text=True, timeout=scaled(timeout), env=env)
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] not in "ZX"
-
-
-def wait_for(pred, timeout: float, what: str):
-    """polling.wait_for (the limit scaled for a loaded machine), polling every 50 ms: each poll is a request."""
-    return polling.wait_for(pred, timeout, what, interval=0.05)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    def killpg(pgid: int, sig: int) -> None:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(3)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            bad.append((pgid, sig))
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    return bad
 
 
 @pytest.fixture
@@ -216,17 +200,7 @@ def test_supervisor_keeps_live_children_only_and_signals_only_unreaped_groups(ru
     """The daemon killed and restarted: the child list is the live daemon and the engine; every
     killpg goes to a group whose leader is an unreaped child of this process (the kernel's own answer, from
     waitid), so its id cannot be another process's."""
-    bad: list[tuple[int, int]] = []
-    real_killpg = os.killpg
-
-    def killpg(pgid: int, sig: int) -> None:
-        try:
-            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            bad.append((pgid, sig))  # not our child, or reaped: that id may be anyone's
-        real_killpg(pgid, sig)
-
-    monkeypatch.setattr(os, "killpg", killpg)
+    bad = checked_killpg(monkeypatch)
     cfg = config.load(None, {"daemon.runtime_dir": rundir})
     sup = supervisor.Supervisor(cfg, grace=3)
 
@@ -323,17 +297,7 @@ LEADER = textwrap.dedent("""
 ], ids=["leader-stops-its-group", "group", "leader-dies-first", "leader-ignores-sigterm"])
 def test_stop_signals_the_leader_alone_when_it_stops_its_own_group(rundir, tmp_path, monkeypatch, capsys,
                                                                    stops_group, how, must, may):
-    bad: list[tuple[int, int]] = []
-    real_killpg = os.killpg
-
-    def killpg(pgid: int, sig: int) -> None:
-        try:
-            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            bad.append((pgid, sig))
-        real_killpg(pgid, sig)
-
-    monkeypatch.setattr(os, "killpg", killpg)
+    bad = checked_killpg(monkeypatch)
     log = tmp_path / "signals.log"
     log.write_text("")
     sup = supervisor.Supervisor(config.load(None, {"daemon.runtime_dir": rundir}), grace=3)
