@@ -118,7 +118,9 @@ SECOND_SHELL: list[tuple] = [
     ("ebctl config show --daemon", 'mode = "eb+"'),
     ("ebctl config show", "[controller]"),
     ("ebctl reload", "nothing to reload", 2),
-    ("ebctl tune calibrate --out {tmp}/calibrated.json", ""),
+    # the demo's saturated engine batches hundreds of decodes at once, so the decode intercept may stay
+    # unidentified: calibrate then refuses, saying so (exit 1), instead of writing a profile
+    ("ebctl tune calibrate --out {tmp}/calibrated.json", "", (0, 1)),
     ("ebctl config check systemd/ebctl.toml.example", "ok"),
     ("ebctl profiles", "qwen3-8b/h200"),
     ("ebctl keygen --dir {tmp}/keys --name walkthrough", "public key"),
@@ -155,8 +157,8 @@ class Walk:
         print(f"[{status:>4}] {cmd}" + (f"  ({note})" if note else ""), flush=True)
         return status == "ok"
 
-    def check(self, cmd: str, rc: int, out: str, expect: str, want_rc: int = 0) -> bool:
-        if rc != want_rc:
+    def check(self, cmd: str, rc: int, out: str, expect: str, want_rc: int | tuple[int, ...] = 0) -> bool:
+        if rc not in (want_rc if isinstance(want_rc, tuple) else (want_rc,)):
             return self.record("FAIL", cmd, f"exit {rc}, expected {want_rc}: {out[-800:]}")
         if "Traceback (most recent call last)" in out:
             return self.record("FAIL", cmd, f"printed a traceback: {out[-1500:]}")
@@ -164,7 +166,7 @@ class Walk:
             return self.record("FAIL", cmd, f"output lacks {expect!r}: {out[-800:]}")
         return self.record("ok", cmd)
 
-    def run(self, cmd: str, *, timeout: float = 120.0, expect: str = "", rc: int = 0) -> bool:
+    def run(self, cmd: str, *, timeout: float = 120.0, expect: str = "", rc: int | tuple[int, ...] = 0) -> bool:
         try:
             p = subprocess.run(cmd, shell=True, cwd=self.checkout, env=self.env, capture_output=True, text=True,
                                timeout=timeout, executable="/bin/bash")
