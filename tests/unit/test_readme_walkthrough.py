@@ -26,7 +26,7 @@ def test_every_readme_command_is_planned_and_every_skip_says_why(walk):
            "v0,mb,eb-auto,eb+" in commands  # the Quick start's simulator example, as written
     assert [c for c in commands if c not in walk.PLAN] == []
     for cmd, step in walk.PLAN.items():
-        assert step.how in ("run", "demo", "skip"), cmd
+        assert step.how in ("run", "demo", "sglang", "skip"), cmd
         assert step.why or step.how != "skip", f"{cmd}: a skip needs its reason"
         assert step.why or not step.slow, f"{cmd}: a slow step says why it waits for --all"
     stale = [c for c in walk.PLAN if c not in commands]
