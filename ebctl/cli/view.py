@@ -306,8 +306,9 @@ def _pct(x: Any) -> str:
 
 
 def gain_text(st: dict[str, Any]) -> str:
-    """Is it helping: the engine's output tokens/s over the last minute, what the running policy buys against
-    stock by the measured search's own trials (95% interval), and what exploring has cost so far."""
+    """Is it helping: the engine's output tokens/s over the last minute, the trials the measured search ran,
+    what the running policy buys against stock by their measurements (95% interval), and what exploring has
+    cost so far."""
     out = f"output {num(st.get('output_tok_s'))} tok/s"
     g = st.get("gain")
     if not isinstance(g, dict):
@@ -319,7 +320,9 @@ def gain_text(st: dict[str, Any]) -> str:
             if inc != "stock" else " · at stock (nothing measured faster)")
     share = g.get("explore_share")
     cost = f"{share:.1%}" if isinstance(share, int | float) and math.isfinite(share) else "—"
-    return out + gain + f" · exploring cost {cost} of {age(g.get('elapsed_s'))}"
+    n = tu.get("trials")
+    trials = f" · {n} trial{'' if n == 1 else 's'}" if isinstance(n, int) else ""  # before the gain: 80 columns
+    return out + trials + gain + f" · exploring cost {cost} of {age(g.get('elapsed_s'))}"
 
 
 def engine_block(engine_id: str, st: dict[str, Any]) -> Group:

@@ -7,15 +7,16 @@ from ebctl.cli.view import gain_text
 
 
 def test_the_helps_line_states_rate_gain_interval_and_cost():
-    st = {"output_tok_s": 687.4, "tuner": {"incumbent": "eb@6", "theta_incumbent": 0.2828},
+    st = {"output_tok_s": 687.4, "tuner": {"incumbent": "eb@6", "theta_incumbent": 0.2828, "trials": 3},
           "gain": {"vs_stock": 0.318, "low": 0.282, "high": 0.355, "explore_share": 0.0042, "elapsed_s": 240.0}}
-    assert gain_text(st) == ("output 687 tok/s · EB θ 0.283: +31.8% against stock [+28.2%, +35.5%] · exploring "
-                             "cost 0.4% of 4 min")
+    assert gain_text(st) == ("output 687 tok/s · 3 trials · EB θ 0.283: +31.8% against stock [+28.2%, +35.5%] · "
+                             "exploring cost 0.4% of 4 min")
 
 
 def test_at_stock_and_without_the_measured_search():
-    at_stock = {"output_tok_s": 700.0, "tuner": {"incumbent": "stock", "theta_incumbent": math.nan},
+    at_stock = {"output_tok_s": 700.0, "tuner": {"incumbent": "stock", "theta_incumbent": math.nan, "trials": 1},
                 "gain": {"vs_stock": 0.0, "low": 0.0, "high": 0.0, "explore_share": 0.0, "elapsed_s": 30.0}}
-    assert gain_text(at_stock) == "output 700 tok/s · at stock (nothing measured faster) · exploring cost 0.0% of 30 s"
+    assert gain_text(at_stock) == ("output 700 tok/s · 1 trial · at stock (nothing measured faster) · exploring cost "
+                                   "0.0% of 30 s")
     assert gain_text({"output_tok_s": math.nan, "gain": None}).startswith("output — tok/s · gain against stock: "
                                                                           "not measured")
