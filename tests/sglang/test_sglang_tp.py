@@ -31,8 +31,13 @@ def rig(request, sglang_venv, tiny_model, tmp_path_factory):
 
 
 def traces(rig) -> tuple[list[dict], list[dict]]:
+    """Both ranks' traces, cut to the lines both have written: the files are read one after the other while the
+    ranks go on (idle iterations after the load), so the one read second may hold an iteration or two more."""
     a, b = (rig.traces / f"trace.dp0.r{i}.jsonl" for i in (0, 1))
-    return tuple([json.loads(x) for x in p.read_text().splitlines()] for p in (a, b))
+    r0, r1 = ([json.loads(x) for x in p.read_text().splitlines()] for p in (a, b))
+    assert abs(len(r0) - len(r1)) <= 8, (len(r0), len(r1))  # a moment's lag, not ranks that went apart
+    n = min(len(r0), len(r1))
+    return r0[:n], r1[:n]
 
 
 def decisions(lines: list[dict]) -> list[dict]:
