@@ -34,6 +34,9 @@ def register() -> None:
     from sglang_patch.hooks import install
 
     install()
+    from sglang_patch.shutdown import install as install_shutdown
+
+    install_shutdown()  # the launcher answers SIGTERM at once (``ebctl start``'s Ctrl-C)
     if "sglang.srt.managers.data_parallel_controller" in sys.modules:  # the DP controller (and the launcher)
         from sglang_patch.dispatch import install as install_dispatch
 

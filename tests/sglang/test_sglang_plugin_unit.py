@@ -351,3 +351,72 @@ def test_a_policy_above_the_servers_max_running_is_refused_counted_and_the_engin
                                           "n_max": 1, "k": 1}
     finally:
         s.link.close()
+
+
+def test_the_sigterm_watch_hands_over_to_sglangs_once_the_flag_is_set():
+    """sglang's watchdog sleeps 5 s between looks at ``gracefully_exit``; the hook looks every POLL_S and then
+    runs the original exactly once, with the manager, and returns what it returned."""
+    import asyncio
+
+    from sglang_patch import shutdown
+
+    manager = SimpleNamespace(gracefully_exit=False)
+    calls: list[tuple[object, bool, float]] = []
+
+    async def original(m):
+        calls.append((m, m.gracefully_exit, loop.time()))
+        return "drained"
+
+    async def main():
+        task = asyncio.ensure_future(shutdown.sigterm_watchdog(original, manager))
+        await asyncio.sleep(0.35)
+        assert not calls  # no flag yet: sglang's own watch has not started
+        manager.gracefully_exit, t = True, loop.time()
+        out = await asyncio.wait_for(task, 5)
+        return out, t
+
+    loop = asyncio.new_event_loop()
+    try:
+        out, flagged = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert out == "drained" and len(calls) == 1
+    assert calls[0][0] is manager and calls[0][1] is True
+    assert calls[0][2] - flagged <= 5 * shutdown.POLL_S  # not sglang's 5 s
+
+
+def test_a_failing_sigterm_watch_falls_back_to_sglangs_own():
+    """A manager whose flag cannot be read: the hook logs and runs sglang's watchdog as it was."""
+    import asyncio
+
+    from sglang_patch import shutdown
+
+    class Broken:
+        @property
+        def gracefully_exit(self):
+            raise RuntimeError("no flag")
+
+    seen = []
+
+    async def original(m):
+        seen.append(m)
+        return 7
+
+    m = Broken()
+    assert asyncio.run(shutdown.sigterm_watchdog(original, m)) == 7 and seen == [m]
+
+
+def test_the_sigterm_watch_is_registered_only_in_the_launcher():
+    """A process started by multiprocessing (a scheduler, the detokenizer) registers nothing: the target would
+    import tokenizer_manager there."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_install_in_child) is False
+
+
+def _install_in_child() -> bool:
+    from sglang_patch import shutdown
+
+    return shutdown.install()

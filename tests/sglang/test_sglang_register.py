@@ -14,6 +14,7 @@ from harness import server_env
 
 from sglang_patch import TESTED_SGLANG
 from sglang_patch.hooks import HOOK_TARGETS
+from sglang_patch.shutdown import TARGET as SHUTDOWN_TARGET
 
 pytestmark = pytest.mark.sglang
 
@@ -27,6 +28,9 @@ EXPECTED_PARAMS = {
     "abort_output": ["self", "abort_req", "req"],
     "internal_state": ["self", "recv_req"],
 }
+
+# the scheduler's hooks, and the launcher's SIGTERM watch (the probe runs as a launcher: no multiprocessing parent)
+ALL_TARGETS = sorted([*HOOK_TARGETS.values(), SHUTDOWN_TARGET])
 
 PROBE = textwrap.dedent('''
     import dataclasses, inspect, json, os, pkgutil, sys
@@ -93,11 +97,11 @@ def test_the_sglang_fields_the_plugin_reads_exist(probe):
 
 def test_version_guard_stays_out_unless_forced(probe):
     guard, stderr = probe[0]["guard"], probe[1]
-    assert guard["tested"] == sorted(HOOK_TARGETS.values())
+    assert guard["tested"] == ALL_TARGETS
     assert guard["other"] == []
     assert "sglang 9.9.9 is not the version this plugin was tested with (0.5.23): no hooks installed" in stderr
-    assert guard["forced"] == sorted(HOOK_TARGETS.values())
+    assert guard["forced"] == ALL_TARGETS
 
 
 def test_entry_point_loads_through_sglangs_plugin_loader(probe):
-    assert probe[0]["patched"] == sorted(HOOK_TARGETS.values())
+    assert probe[0]["patched"] == ALL_TARGETS
