@@ -93,7 +93,10 @@ class DispatchLife:
             t.daemon = True
             t.start()
         if self.trace is not None:
-            self.trace.write(json.dumps({"t": wall_clock(), "off": where}) + "\n")
+            try:  # called from a hook's except block: nothing may escape into sglang from here
+                self.trace.write(json.dumps({"t": wall_clock(), "off": where}) + "\n")
+            except Exception:
+                log.exception("ebctl: could not write the trace")
 
     def at_exit(self) -> None:
         """Interpreter exit (not SIGKILL): nothing buffered may be left behind."""

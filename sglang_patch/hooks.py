@@ -86,7 +86,10 @@ def defer_prefill(original, sched, running_batch, *args, **kwargs):
     st = STATE
     if stock or st.gate_policy is None:  # stock defers (--prefill-decode-interval), or no policy: stock
         if st.trace is not None and st.on:
-            st.trace_decision("stock", len(running_batch.reqs), len(sched.waiting_queue))
+            try:
+                st.trace_decision("stock", len(running_batch.reqs), len(sched.waiting_queue))
+            except Exception:
+                st.fail("defer_prefill", running_batch, sched)
         return stock
     t = perf_counter_ns()
     try:

@@ -77,7 +77,10 @@ class Lifecycle:
         except Exception:
             log.exception("ebctl: could not close the link")
         if self.trace is not None:
-            self.trace.write(json.dumps({"it": self.iterations, "off": where}) + "\n")
+            try:  # called from a hook's except block: nothing may escape into sglang from here
+                self.trace.write(json.dumps({"it": self.iterations, "off": where}) + "\n")
+            except Exception:
+                log.exception("ebctl: could not write the trace")
 
     def unapply(self, running_batch: Any = None, sched: Any = None) -> None:
         """Back to sglang as launched: launch mixing, no cap, no gate; admission reopened if we closed it."""

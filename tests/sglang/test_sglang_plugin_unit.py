@@ -75,6 +75,25 @@ def test_defer_prefill_keeps_a_stock_deferral(st):
     assert hooks.defer_prefill(Original(True), sched, batch([req()] * 2)) is True  # --prefill-decode-interval
 
 
+class BrokenTrace:
+    """An engine.trace_dir file whose disk is full."""
+
+    def write(self, line: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_trace_write_that_fails_leaves_the_scheduler_serving(st, caplog):
+    """The stock path's trace line, and the farewell line ``fail`` writes from inside an except block: neither
+    may raise into sglang; the hook returns stock's answer and the plugin goes off, once."""
+    st.trace = BrokenTrace()
+    sched = Sched()
+    with caplog.at_level(logging.ERROR, logger="ebctl.sglang"):
+        assert hooks.defer_prefill(Original(True), sched, batch([req()] * 2)) is True
+        assert hooks.defer_prefill(Original(False), sched, batch([req()] * 2)) is False
+    assert not st.on and st.error == "exception in hook defer_prefill"
+    assert sum("is now OFF" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_eb_defers_below_k_free_slots_and_caps_at_n_max(st):
     st.link.p = eb()
     sched = Sched(is_mixed_chunk=True)
