@@ -23,9 +23,12 @@ cycle belong to neither arm.
 
 **Ledger**: exploring costs throughput, and on a slow server (the CPU server's windows take 10-27 s) a trial
 runs for minutes. Every window a challenger runs, and every settling window, costs its seconds × (1 − its rate
-/ the incumbent's last rate) when slower (``explore_s``). A trial starts only while that sum is under
+/ the incumbent's reference rate) when slower (``explore_s``); the reference is the geometric mean of the
+incumbent's last ``REF_WINDOWS`` steady windows, not its last one: on the CPU server stock's 10-s windows ran
+from −15% to +15% around their mean, and against one window a challenger as fast as the incumbent "cost" the
+positive part of that noise. A trial starts only while that sum is under
 ``explore_budget`` of the time since the first report (``budget_left``): the share given up stays within the
-budget plus one trial. One window clearly off the incumbent's last (``early_stop_bar``) decides a trial at once:
+budget plus one trial. One window clearly off the incumbent's reference (``early_stop_bar``) decides a trial at once:
 a slower challenger loses, even in its settling window (looked at once it has run ``window_s``, ``_peek``;
 there only beyond ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one wins in its first measured
 window. The incumbent's gain against stock is carried along the trials
@@ -67,10 +70,12 @@ SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
 MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's own prefill-first rule
-# A challenger window (its settling windows included) this far below the incumbent's last one, in ln-rate, ends
-# the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_SDS times the sd of the incumbent's own windows. On a
-# slow server (the CPU server's windows take ~27 s) waiting for a whole pair doubles what a bad arm costs.
-EARLY_STOP_MIN, EARLY_STOP_SDS = 0.03, 3.0
+# A challenger window (its settling windows included) this far below the incumbent's reference (the mean of its
+# last steady windows), in ln-rate, ends the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_Z sd of the
+# difference, σ·√(1 + 1/n) for n reference windows of sd σ. EARLY_STOP_Z = 3/√2 keeps the false-stop rate of a
+# 3-σ bar against one reference window (a difference of sd σ√2). On a slow server (the CPU server's windows take
+# 10-27 s) waiting for a whole pair doubles what a bad arm costs.
+EARLY_STOP_MIN, EARLY_STOP_Z = 0.03, 3.0 / math.sqrt(2.0)
 # A settling window carries what the switch left behind (2-9% off in the simulator; on the CPU server EB(k = 2)'s
 # measured -10.8% in one run and won by +21.9% in another): it ends a trial only this far below.
 EARLY_STOP_SETTLING = 0.15
@@ -246,7 +251,7 @@ class Tuner:
                                            and w.completions >= self.p.window // MIN_WINDOW_SHARE):
             return
         self._peeked = w.start
-        rate, ref = w.rate(self.mu_l, self.mu_o), self.ref_lns[-1] if self.ref_lns else math.nan
+        rate, ref = w.rate(self.mu_l, self.mu_o), self._ref()
         saturated = w.saturated_s >= SATURATED_SHARE * (now - w.start)
         if saturated and rate > 0 and math.log(rate) - ref < -self._stop_bar():
             w.end = now
@@ -307,7 +312,7 @@ class Tuner:
             self.gap -= w.completions
         rate = w.rate(self.mu_l, self.mu_o)
         ln = math.log(rate) if rate > 0 else math.nan  # NaN: no busy time
-        ref = self.ref_lns[-1] if self.ref_lns else math.nan
+        ref = self._ref()
         if w.arm != self.incumbent or self.settling:  # exploring, or the way back from it (Ledger)
             if w.arm != self.incumbent:
                 self.explore_run_s += w.seconds
@@ -316,7 +321,7 @@ class Tuner:
         elif math.isfinite(ln) and w.saturated:
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
         if t is not None and w.arm == t.challenger and w.saturated and ln - ref < -self._stop_bar():
-            sd = self.early_stop_bar / EARLY_STOP_SDS
+            sd = self.early_stop_bar / EARLY_STOP_Z
             self._end_trial("lose", f"clearly slower: {math.expm1(ln - ref):+.1%} in one window",
                             measured=(ln - ref, sd * sd))
             return
@@ -329,7 +334,7 @@ class Tuner:
             return
         if (w.arm == t.challenger and w.saturated
                 and ln - ref > self.early_stop_bar + math.log1p(self.p.min_effect)):
-            sd = self.early_stop_bar / EARLY_STOP_SDS
+            sd = self.early_stop_bar / EARLY_STOP_Z
             self._end_trial("win", f"clearly faster: {math.expm1(ln - ref):+.1%} in one window",
                             measured=(ln - ref, sd * sd))
             self.ref_lns = [ln]  # the new incumbent's first window
@@ -358,9 +363,15 @@ class Tuner:
 
     @property
     def early_stop_bar(self) -> float:
-        """How far (ln-rate) one challenger window must fall below the incumbent's last to end a trial at once:
-        EARLY_STOP_MIN, or EARLY_STOP_SDS sd of the incumbent's own recent windows if that is more."""
-        return max(EARLY_STOP_MIN, EARLY_STOP_SDS * self.window_sd)
+        """How far (ln-rate) one challenger window must fall below the incumbent's reference to end a trial at
+        once: EARLY_STOP_MIN, or EARLY_STOP_Z sd of a window's difference from the mean of n reference windows,
+        σ·√(1 + 1/n), if that is more."""
+        n = len(self.ref_lns)
+        return max(EARLY_STOP_MIN, EARLY_STOP_Z * self.window_sd * math.sqrt(1.0 + 1.0 / n)) if n else EARLY_STOP_MIN
+
+    def _ref(self) -> float:
+        """The incumbent's reference ln rate: the mean of its last steady windows (NaN before the first)."""
+        return math.fsum(self.ref_lns) / len(self.ref_lns) if self.ref_lns else math.nan
 
     @property
     def window_sd(self) -> float:

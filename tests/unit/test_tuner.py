@@ -336,13 +336,42 @@ def test_a_settling_window_ends_a_trial_only_far_below():
 
 
 def test_noisy_windows_widen_the_bars_and_no_trial_starts_before_the_noise_is_known():
-    """The incumbent's windows at ln rates 8.0, 8.1, 7.9 (sd 0.1): one window decides only beyond 3 sd (0.3), and a
-    pair's sd is at least √1.5 × 0.1. Under three steady windows, no trial starts."""
+    """The incumbent's windows at ln rates 8.0, 8.1, 7.9 (sd 0.1, mean 8.0): one window's difference from their mean
+    has sd 0.1·√(1 + 1/3); it decides only beyond 3/√2 of that, 0.3·√(2/3) = 0.245 (a 3-sd bar against one
+    window, whose difference has sd 0.1·√2, has the same false-stop rate), and a pair's sd is at least
+    √1.5 × 0.1. Under three steady windows, no trial starts."""
     t = Tuner(TunerParams(window=50))
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11)
     t.ref_lns = [8.0, 8.1]
     t._start_trial(Window("stock", 0.0))
     assert t.trial is None and t.window_sd == 0.0
     t.ref_lns = [8.0, 8.1, 7.9]
-    assert t.window_sd == pytest.approx(0.1) and t.early_stop_bar == pytest.approx(0.3)
+    assert t.window_sd == pytest.approx(0.1) and t.early_stop_bar == pytest.approx(0.3 * math.sqrt(2 / 3))
+    assert t._ref() == pytest.approx(8.0)
     assert t.prior_sd == pytest.approx(math.sqrt(1.5) * 0.1)
+
+
+def test_a_challenger_is_judged_against_the_mean_of_the_incumbents_windows_not_its_last():
+    """Stock's steady windows alternate at ln rates 7.9 and 8.1 (mean 8.0, the last 8.1; sd √(0.08/7) = 0.107).
+    A challenger window at 8.0 for 10 s is as fast as stock: it costs nothing and decides nothing (against the
+    last window it would have "cost" 10·(1 − e^−0.1) = 0.95 s of noise). One at 8.0 − 0.25 lies beyond the bar,
+    3/√2 · 0.107 · √(1 + 1/8) = 0.240, and ends the trial as clearly slower, by e^−0.25 − 1."""
+    t = Tuner(TunerParams(window=50))
+    t.set_context(entries=[], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    t.ref_lns = [7.9, 8.1] * 4
+    sd = math.sqrt(8 * 0.1**2 / 7)
+    assert t.early_stop_bar == pytest.approx(3 / math.sqrt(2) * sd * math.sqrt(9 / 8))
+    assert 0.239 < t.early_stop_bar < 0.241
+    t.trial, t.arm, t.settling = Trial(STOCK, MB, 0.0), MB, 0
+
+    def window(ln: float):
+        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50,
+                              "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
+
+    t._closed(window(8.0))
+    assert t.explore_s == pytest.approx(0.0, abs=1e-9) and t.trial is not None and t.counts["lost"] == 0
+    t._closed(window(8.0 - 0.25))
+    h = t.history[-1]
+    assert h["decision"] == "lose" and h["why"].startswith("clearly slower")
+    assert h["effect"] == pytest.approx(math.expm1(-0.25))
+    assert t.explore_s == pytest.approx(10 * (1 - math.exp(-0.25)))
