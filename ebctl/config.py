@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ class Spec:
     lo: float | None = None
     hi: float | None = None
     choices: tuple[str, ...] = ()
+    default_doc: str = ""  # how the reference shows a default computed at start-up (e.g. from the environment)
 
     def allowed(self) -> str:
         if self.choices:
@@ -82,7 +84,8 @@ class DaemonConfig:
 
 
 _DAEMON_SPECS: dict[str, Spec] = {
-    "runtime_dir": Spec(str, "directory of the ipc sockets, created with mode 0700"),
+    "runtime_dir": Spec(str, "directory of the ipc sockets, created with mode 0700",
+                        default_doc="$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/ebctl-UID or /tmp/ebctl-UID"),
     "telemetry_endpoint": Spec(str, "engines' reports come in here (PULL); empty: ipc in runtime_dir"),
     "policy_endpoint": Spec(str, "policies go out here (PUB, topic = engine id); empty: ipc in runtime_dir"),
     "control_endpoint": Spec(str, "status/tune/reload requests (REP); empty: ipc in runtime_dir"),
@@ -175,7 +178,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "cost_online": Spec(bool, "fit the iteration costs from the reports; their α/β replace the profile's once "
                         "the fits pass"),
     "cost_max_rel_err": Spec(float, "an online cost fit is used when its median relative error on held-out "
-                             "iterations is at most this (and below the mean's)", 0.01, 1.0),
+                             "iterations is at most this (and below the mean's); replaces `min_cost_r2`, which a "
+                             "config file may no longer carry (refused, naming this key)", 0.01, 1.0),
     "cost_window": Spec(int, "iterations kept per batch kind for the cost fits", 20, 1_000_000),
     "cost_stale_s": Spec(float, "a cost fit with no iteration of its kind for this long is stale (eb+ probes the "
                                 "other mode for it)", 1.0, 1e7),
@@ -414,3 +418,58 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ---- the reference (docs/configuration.md) ------------------------------------------------------------------
+
+REFERENCE_PATH = "docs/configuration.md"
+REFERENCE_COMMAND = "python tools/gen_config_doc.py"
+
+_REFERENCE_HEAD = f"""# Configuration
+
+Every key, with its default, what is allowed and what it does. This file is generated from the key
+specifications in [`ebctl/config.py`](../ebctl/config.py) (`SPECS`) by `{REFERENCE_COMMAND}`;
+`tests/unit/test_config.py` fails when it is stale. Edit the specifications, not this file.
+
+One TOML file (`/etc/ebctl/ebctl.toml` by default; an example with every key documented is
+[`systemd/ebctl.toml.example`](../systemd/ebctl.toml.example)), overridden by `--set KEY=VALUE`; live changes
+with `ebctl tune set` (`ebctl config show --daemon` prints what the running daemon uses). A value is checked
+against its key's type and range; a refused value changes nothing, and the message names the key, the value and
+what is allowed. The controller's keys follow the paper's Algorithm 1 (appendix D.7); defaults are the paper's
+code's where it had one (W = 500, T_upd = 100, W_min = 30, θ ∈ [0.01, 0.80], ε = 0.01, N floor = limit/10, N
+changes every 2 s at most). Where a default departs from the paper, and the controller's other decisions beyond
+it: [controller.md](controller.md#decisions-beyond-the-paper).
+"""
+
+_REFERENCE_SECTIONS = {
+    "daemon": "The daemon: its sockets and keys, the exporter, the cost profile, and the bounds on what peers send.",
+    "controller": "The controller, one per engine: the mode, the threshold and batch cap, the cost fits and the "
+                  "measured search ([controller.md](controller.md)).",
+    "engine": "What the SGLang plugin reads at start-up in each scheduler process.",
+    "dispatch": "Staggered batch scheduling in sglang's data-parallel controller ([sbs.md](sbs.md)).",
+}
+
+
+def _md_cell(text: str) -> str:
+    """Table-cell text: pipes escaped, and ``<name>`` kept visible (not read as an HTML tag)."""
+    return re.sub(r"<(?=[A-Za-z/])", "&lt;", text.replace("|", "\\|"))
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: per section, every key of ``SPECS`` with its default, what is allowed and its doc;
+    then the keys a file may no longer carry (``REMOVED_KEYS``). Pure: the file is written by
+    ``python tools/gen_config_doc.py``, and a test compares it with this."""
+    defaults = Config()
+    out = [_REFERENCE_HEAD]
+    for section, about in _REFERENCE_SECTIONS.items():
+        out += [f"## [{section}]", "", about, "", "| key | default | allowed | what |", "|---|---|---|---|"]
+        for key, spec in SPECS.items():
+            if key.partition(".")[0] != section:
+                continue
+            value = defaults.get(key)
+            default = spec.default_doc or (f'"{value}"' if isinstance(value, str) else repr(value))
+            out.append(f"| `{key}` | {_md_cell(default)} | {_md_cell(spec.allowed())} | {_md_cell(spec.doc)} |")
+        out.append("")
+    out += ["## Removed keys", "", "A file or flag that still carries one of these is refused with this message:", ""]
+    out += [f"- `{key}`: {_md_cell(why)}" for key, why in REMOVED_KEYS.items()]
+    return "\n".join(out) + "\n"

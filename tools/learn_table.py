@@ -1,4 +1,4 @@
-"""The learning controller's tables for the README: the default controller against stock, mb and the best fixed θ.
+"""The learning controller's tables (docs/results/learn_table.md): the default against stock, mb and the best fixed θ.
 
     .venv/bin/python tools/learn_table.py [--requests 40000] [--jobs 2] [--quick] [--seed 0] [--only A,B,C]
 
@@ -18,7 +18,7 @@ model as written, where small θ wins and mixing is nearly free).
 * **C. Shifts** (dist-shift at c = 2,048, conc-shift 32 → 512 → 1024 → 256 → 2048): mb, eb-auto, eb+, default
   and v0 per phase (a fifth or a third of the requests each), with eb+'s probes of the other mode.
 
-``--quick`` (CI-sized): 4,000 requests, one workload per group, fewer θ: its figures are not the README's.
+``--quick`` (CI-sized): 4,000 requests, one workload per group, fewer θ: its figures are not the published ones.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="A,B,C", help="sections to run")
     ap.add_argument("--default", default="default", help="the policy in the 'default' column (a candidate: any "
-                    "policy spec, e.g. eb+:method=measured); the README's tables use the real default")
+                    "policy spec, e.g. eb+:method=measured); docs/results/learn_table.md uses the real default")
     ap.add_argument("--mixes", default="", help="comma-separated workloads instead of the full list")
     a = ap.parse_args()
     n = 4000 if a.quick else a.requests

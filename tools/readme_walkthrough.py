@@ -1,13 +1,15 @@
-"""Walk through README.md as a newcomer would: a fresh clone, a fresh virtual environment, every command.
+"""Walk through README.md and docs/ as a newcomer would: a fresh clone, a fresh virtual environment, every command.
 
     python tools/readme_walkthrough.py [--here] [--all] [--keep]
 
-Every command of the README's ```bash blocks and every ``python tools/...`` / ``bash tools/...`` it names is
-either run as written or skipped with its reason (``PLAN``); a command the README gains without an entry
-here fails the walkthrough, so the two stay in step. Long-running commands are bounded: ``ebctl start``
-runs until the commands of a second shell are done (the CLI table's commands, in the concrete forms of
-``SECOND_SHELL``), then gets Ctrl-C. A command passes when it exits as expected, prints what it should,
-and prints no Python traceback. About two minutes; ``--all`` adds the slow benchmarks.
+Every command of the ```bash blocks of README.md and docs/*.md (``docs()``: not docs/results/, the tools' dated
+tables, nor docs/ab-real.md, the records of past runs) and every ``python tools/...`` / ``bash tools/...`` they
+name is either run as written or skipped with its reason (``PLAN``); a command the docs gain without an entry
+here fails the walkthrough, and an entry no doc names fails its test, so the two stay in step. Long-running
+commands are bounded: ``ebctl start`` runs until the commands of a second shell are done (the CLI table's
+commands, in the concrete forms of ``SECOND_SHELL``), then gets Ctrl-C. A command passes when it exits as
+expected, prints what it should, and prints no Python traceback. About two minutes; ``--all`` adds the slow
+benchmarks.
 
 ``--here`` uses this checkout and the ``ebctl`` next to this Python instead of a fresh clone and venv
 (quicker; what CI runs is the default). The walkthrough's processes get a private ``XDG_RUNTIME_DIR`` and
@@ -31,12 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW = "a benchmark of {s}; its figures are the README's; --all runs it"
+SLOW = "a benchmark of {s}; its figures are in docs/results/; --all runs it"
+NOT_WALKED = ("docs/ab-real.md",)  # the A/B's records of past runs: their commands are history, not instructions
 
 
 @dataclass(frozen=True)
 class Step:
-    """How a README command is walked: ``run`` (as written, within ``timeout`` s), ``demo`` (the
+    """How a documented command is walked: ``run`` (as written, within ``timeout`` s), ``demo`` (the
     supervised demo: bounded, with the second shell's commands meanwhile), ``sglang`` (the real sglang CPU
     server under ``ebctl start``: bounded, ``ebctl status`` must show ``expect``), or ``skip`` (``why``)."""
 
@@ -80,6 +83,9 @@ PLAN: dict[str, Step] = {
                                                 "tests/sglang/test_sim_vs_real.py runs it"),
     "python tools/bench_hook.py --rounds 3": Step("skip", "starts the real sglang server six times (the "
                                                   "environment of tools/sglang_env.sh; many minutes)"),
+    "python tools/bench_hook.py": Step("skip", "starts the real sglang server several times (the environment of "
+                                       "tools/sglang_env.sh; many minutes)"),
+    "python tools/gen_config_doc.py": Step("run", timeout=60, expect="docs/configuration.md"),
     "bash tools/sglang_env.sh": Step("skip", "builds the 2.7 GB sglang CPU environment; .ci/run does it"),
     "python tools/sim_dp_table.py --seeds 3": Step("run", timeout=1200, expect="highest load meeting the SLO",
                                                    slow=True, why=SLOW.format(s="about 8 minutes")),
@@ -127,6 +133,21 @@ SECOND_SHELL: list[tuple] = [
 ]
 # `ebctl daemon` with a config file of its own, and `ebctl reload` picking up an edit of that file.
 OWN_DAEMON = "ebctl daemon --config {tmp}/ebctl.toml --runtime-dir {tmp}/rt"
+
+
+def docs(repo: Path = REPO) -> list[Path]:
+    """The documents walked: README.md, then docs/*.md (not docs/results/, not ``NOT_WALKED``)."""
+    walked = [p for p in sorted((repo / "docs").glob("*.md")) if p.relative_to(repo).as_posix() not in NOT_WALKED]
+    return [repo / "README.md", *walked]
+
+
+def doc_commands(repo: Path = REPO) -> dict[str, str]:
+    """Every command of the walked documents, in order, each once: command -> the first document naming it."""
+    out: dict[str, str] = {}
+    for path in docs(repo):
+        for cmd in readme_commands(path.read_text()):
+            out.setdefault(cmd, path.relative_to(repo).as_posix())
+    return out
 
 
 def readme_commands(text: str) -> list[str]:
@@ -276,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="also the slow benchmarks and tables")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs of bounded commands)")
     a = ap.parse_args(argv)
-    commands = readme_commands((REPO / "README.md").read_text())
+    commands = doc_commands()
     unplanned = [c for c in commands if c not in PLAN]
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ebctl-walk-", dir="/tmp"))  # short: ipc socket paths
@@ -284,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     walk = Walk(work, checkout, bindir)
     try:
         for cmd in unplanned:
-            walk.record("FAIL", cmd, "in the README but not in tools/readme_walkthrough.py's PLAN")
+            walk.record("FAIL", cmd, f"in {commands[cmd]} but not in tools/readme_walkthrough.py's PLAN")
         for cmd in commands:
             step = PLAN.get(cmd)
             if step is None:

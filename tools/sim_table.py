@@ -1,4 +1,4 @@
-"""The README's simulator tables, as Markdown (and the command line that made them).
+"""The simulator tables of docs/results/sim_table.md, as Markdown (and the command line that made them).
 
     .venv/bin/python tools/sim_table.py [--requests 3000] [--jobs 2] [--seed 0] [--engine-rules sglang|vllm]
 

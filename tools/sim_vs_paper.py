@@ -20,7 +20,7 @@ end-to-end GPU cost model (ebctl/sim/gpucost.py) and the engine overheads of ebc
   fitted): EB(k̂*) (the controller, its N̂* capped at 1,024) against the best fixed θ = k/N of a sweep
   0.05..0.95 at N = 1,024.
 
-``--quick``: fewer θ in the fit and the sweeps (a smoke test; its figures are not the README's).
+``--quick``: fewer θ in the fit and the sweeps (a smoke test; its figures are not docs/results/sim_vs_paper.md's).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with the statistics of its Table 9.
 
 Table 9 gives, per workload, the input range and mean and the output range, mean and σ, not the
-distributions. Our choice (documented here and in the README):
+distributions. Our choice (documented here and in docs/results/sim_vs_paper.md):
 
 * outputs: a Gamma distribution clipped to the range (a value beyond an end is set to that end, as a
   max_tokens cap does: ShareGPT's outputs pile up at 500), its two parameters solved so that the *clipped*

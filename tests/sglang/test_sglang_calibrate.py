@@ -5,7 +5,7 @@ and decode passed the quality test (costmodel.judge) and were in use, and the fi
 ``profiles.load``. The test runs the quality test at 40% (``controller.cost_max_rel_err``), not the default
 20%: 75 s of load on a 2-core CI machine beside the test's own client is what this checks the machinery on;
 whether a 5-minute calibration meets 20% and predicts another workload is the full tool run, whose figures
-are in the README. The later run's figures are printed, not asserted."""
+are in docs/results/calibrate_real.md. The later run's figures are printed, not asserted."""
 
 from __future__ import annotations
 

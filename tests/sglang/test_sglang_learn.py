@@ -9,7 +9,7 @@ the measured-θ tuner started at least one trial, and every request the client s
 own count). Two settings differ from the defaults so that 150 s on a 2-core CI machine beside the test's own
 client checks the machinery: probes may take 10% of the time (``controller.probe_share``: one every 30 s
 instead of 100 s), and the quality test runs at 40% (``controller.cost_max_rel_err``). The 5-minute run with
-the defaults is the full tool run, whose figures are in the README."""
+the defaults is the full tool run, whose figures are in docs/results/learn_real.md."""
 
 from __future__ import annotations
 

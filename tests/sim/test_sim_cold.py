@@ -1,5 +1,5 @@
 """tools/sim_cold.py --quick (what CI runs of it): every policy of the slow CPU-like case runs from a cold start
-and the comparison is printed. Its figures are not asserted (the full run's are the README's)."""
+and the comparison is printed. Its figures are not asserted (the full run's are in docs/results/sim_cold.md)."""
 
 import subprocess
 import sys

@@ -29,7 +29,7 @@ def _run(profile: str, cost_model: str, workload: str, spec: str, n: int, conc: 
 
 @pytest.mark.slow
 def test_default_leaves_stock_for_eb_where_eb_is_faster():
-    """RTX PRO 6000, fitted costs, balanced mix: EB(θ = 0.7), the best fixed θ of the README's table, runs
+    """RTX PRO 6000, fitted costs, balanced mix: EB(θ = 0.7), the best fixed θ of docs/results/learn_table.md, runs
     3-4% above stock. The default must leave stock for EB, gain over stock, and reach 98% of that θ."""
     v0, _, _ = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "v0", 20000, 2048)
     fixed, _, _ = _run("qwen3-8b/rtx-pro-6000", "profile", "balanced", "eb-auto:theta=0.7", 20000, 2048)

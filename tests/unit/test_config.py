@@ -86,15 +86,22 @@ def test_every_controller_field_has_a_spec():
     assert names == {k.split(".", 1)[1] for k in config.SPECS if k.startswith("controller.")}
 
 
-def test_readme_documents_every_key_with_its_default():
-    from pathlib import Path
-    readme = Path(__file__).resolve().parents[2] / "README.md"
-    text = readme.read_text()
+def test_reference_documents_every_key_with_its_default():
+    text = config.reference_markdown()
     cfg = config.Config()
     for key in config.SPECS:
         line = next((ln for ln in text.splitlines() if ln.startswith(f"| `{key}` |")), None)
-        assert line is not None, f"README's config table lacks {key}"
+        assert line is not None, f"the configuration reference lacks {key}"
         if key != "daemon.runtime_dir":
             default = cfg.get(key)
             shown = f'"{default}"' if isinstance(default, str) else repr(default)
             assert f"| {shown} |" in line, (key, shown, line)
+    for key in config.REMOVED_KEYS:
+        assert f"- `{key}`: " in text
+
+
+def test_configuration_doc_is_generated_from_the_specs():
+    from pathlib import Path
+    doc = Path(__file__).resolve().parents[2] / config.REFERENCE_PATH
+    assert doc.is_file() and doc.read_text() == config.reference_markdown(), (
+        f"{config.REFERENCE_PATH} is stale: regenerate it with `{config.REFERENCE_COMMAND}`")

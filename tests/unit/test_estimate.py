@@ -179,7 +179,7 @@ def test_fit_hazard_never_raises_and_stays_finite(values, correct, q):
         assert r.ok or r.eta == 0.0
 
 
-# ---- real traces (README table: whole trace as the window)
+# ---- real traces (docs/controller.md's table: whole trace as the window)
 
 
 def _trace(name, column):

@@ -158,7 +158,7 @@ def _drive_mixed(ctl, t0, steps):
 
 
 def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
-    """The real CPU server's case (README, learn_real): under stock with mixed chunks only an EB probe feeds
+    """The real CPU server's case (docs/results/learn_real.md): under stock with mixed chunks only an EB probe feeds
     the prefill fit, and the tuner's first trial can outlast the load. A missing fit is probed in the trial,
     which pauses (its window in progress dropped, the arm settles again) and goes on; a stale fit waits."""
     prm = ControllerParams(mode="eb+", theta_method="measured", update_every=20, min_window=10, probe_s=2.0,

@@ -1,5 +1,6 @@
-"""tools/readme_walkthrough.py knows every command of the README (each is run or skipped with a reason), and
-finds commands the way a reader types them. The walkthrough itself runs in CI: `python tools/readme_walkthrough.py`."""
+"""tools/readme_walkthrough.py knows every command of the README and of docs/*.md (each is run or skipped with a
+reason), and finds commands the way a reader types them. The walkthrough itself runs in CI:
+`python tools/readme_walkthrough.py`."""
 
 import importlib.util
 import sys
@@ -20,17 +21,20 @@ def walk():
     sys.modules.pop("readme_walkthrough", None)
 
 
-def test_every_readme_command_is_planned_and_every_skip_says_why(walk):
-    commands = walk.readme_commands((REPO / "README.md").read_text())
-    assert "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies " \
-           "v0,mb,eb-auto,eb+" in commands  # the Quick start's simulator example, as written
+def test_every_documented_command_is_planned_and_every_skip_says_why(walk):
+    commands = walk.doc_commands()
+    assert commands["ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 "
+                    "--policies v0,mb,eb-auto,eb+"] == "README.md"  # the README's simulator example, as written
+    assert commands["python tools/learn_table.py"] == "docs/controller.md"  # moved out of the README, still walked
+    assert {p.relative_to(REPO).as_posix() for p in walk.docs()} >= {"README.md", "docs/cli.md", "docs/simulator.md"}
+    assert not any(p.relative_to(REPO).as_posix().startswith("docs/results/") for p in walk.docs())
     assert [c for c in commands if c not in walk.PLAN] == []
     for cmd, step in walk.PLAN.items():
         assert step.how in ("run", "demo", "sglang", "skip"), cmd
         assert step.why or step.how != "skip", f"{cmd}: a skip needs its reason"
         assert step.why or not step.slow, f"{cmd}: a slow step says why it waits for --all"
     stale = [c for c in walk.PLAN if c not in commands]
-    assert stale == [], "planned commands no longer in the README"
+    assert stale == [], "planned commands no longer in the README or docs/*.md"
 
 
 def test_commands_are_found_as_a_reader_types_them(walk):
