@@ -16,7 +16,8 @@ Two rule sets (``EngineConfig.rules``), each in its own module:
 What both share (here): per-slot state in numpy arrays (a decode step is a few vector operations), KV in
 pages of ``block_size`` tokens (a decode row takes a page when its context crosses a page boundary), the
 postprocess (a prefill that completes a prompt produces its first token, each decode row one more, a request
-leaves with its output length), the report. ``Engine(config, cost_model)`` builds the rules' class.
+leaves with its output length), the report. ``ebctl.sim.rules.make_engine(config, cost_model)`` builds the
+rules' class.
 """
 
 from __future__ import annotations
@@ -108,13 +109,6 @@ class Engine:
 
     ``Engine(config, cost_model)`` returns the class of ``config.rules``; a rule set implements
     ``_schedule(policy, now, finished) -> (batch, decode rows or None, prefill chunk slots)``."""
-
-    def __new__(cls, config: EngineConfig, cost_model: CostModel) -> Engine:
-        if cls is Engine:
-            from ebctl.sim import rules_sglang, rules_vllm  # the rule sets subclass this one
-
-            cls = rules_sglang.SglangEngine if config.rules == "sglang" else rules_vllm.VllmEngine
-        return object.__new__(cls)
 
     def __init__(self, config: EngineConfig, cost_model: CostModel) -> None:
         self.cfg = c = config

@@ -20,6 +20,7 @@ from ebctl.sim import metrics
 from ebctl.sim.costs import CostModel
 from ebctl.sim.engine import Engine, EngineConfig
 from ebctl.sim.policies import Auto, PolicySource
+from ebctl.sim.rules import make_engine
 from ebctl.sim.workloads import Workload
 
 Progress = Callable[[int, int], None]
@@ -41,7 +42,7 @@ def run(workload: Workload, source: PolicySource, cost_model: CostModel, config:
     if concurrency < 1 and not workload.open_loop:
         raise ValueError(f"concurrency={concurrency}: must be >= 1")
     wall0 = time.perf_counter()
-    eng = Engine(config, cost_model)
+    eng = make_engine(config, cost_model)
     if on_start is not None:
         on_start(eng)
     n = len(workload)

@@ -10,7 +10,8 @@ import pytest
 
 from ebctl.protocol import BatchKind, Mode, Policy
 from ebctl.sim import gpucost, policies, runner, workloads
-from ebctl.sim.engine import Engine, EngineConfig
+from ebctl.sim.engine import EngineConfig
+from ebctl.sim.rules import make_engine
 
 POLICIES = ["v0", "mb", "eb:k=4", "eb:theta=0.5,kv=0.2", "eb-auto:every=20", "eb+:every=20"]
 
@@ -100,7 +101,7 @@ def test_same_seed_same_run_different_seed_different_run(h200, h200_model, sim_r
 
 
 def test_chunked_prefill_splits_long_prompts(h200_model):
-    eng = Engine(EngineConfig(max_running=4, token_budget=100, kv_tokens=10_000), h200_model)
+    eng = make_engine(EngineConfig(max_running=4, token_budget=100, kv_tokens=10_000), h200_model)
     eng.add(250, 3, 0.0)
     now, kinds, tokens, ends = 0.0, [], [], []
     while eng.busy:
@@ -116,7 +117,7 @@ def test_chunked_prefill_splits_long_prompts(h200_model):
 
 
 def test_prompt_larger_than_cache_is_aborted_and_lone_overgrowth_truncated(h200_model):
-    eng = Engine(EngineConfig(rules="vllm", max_running=4, token_budget=512, kv_tokens=320, block_size=16),
+    eng = make_engine(EngineConfig(rules="vllm", max_running=4, token_budget=512, kv_tokens=320, block_size=16),
                  h200_model)
     eng.add(400, 5, 0.0)  # never fits
     eng.add(300, 100, 0.0)  # fits, then outgrows the 320-token cache
@@ -132,7 +133,7 @@ def test_prompt_larger_than_cache_is_aborted_and_lone_overgrowth_truncated(h200_
 
 
 def test_mixed_steps_follow_the_gate(h200_model):
-    eng = Engine(EngineConfig(max_running=8, token_budget=64, kv_tokens=100_000), h200_model)
+    eng = make_engine(EngineConfig(max_running=8, token_budget=64, kv_tokens=100_000), h200_model)
     eng.policy = Policy(mode=Mode.MB, k=1, n_max=8, ttl_s=math.inf)
     for _ in range(12):
         eng.add(100, 20, 0.0)
@@ -165,7 +166,7 @@ def test_eb_threshold_holds_back_prefill(h200_model, sim_run):
 
 
 def test_expired_policy_means_stock(h200_model):
-    eng = Engine(EngineConfig(max_running=8, token_budget=4096, kv_tokens=100_000), h200_model)
+    eng = make_engine(EngineConfig(max_running=8, token_budget=4096, kv_tokens=100_000), h200_model)
     eng.policy = Policy(mode=Mode.EB, k=8, n_max=8, issued_at=0.0, ttl_s=1.0, max_defer_s=math.inf)
     eng.add(100, 50, 0.0)
     assert eng.step(0.0).kind is BatchKind.PREFILL  # running 0: admits
@@ -201,7 +202,7 @@ def test_costs_batch_sees_decode_contexts(h200_model):
             seen.append((batch.prefill_tokens, batch.decode_ctx.tolist()))
             return 0.01
 
-    eng = Engine(EngineConfig(max_running=2, token_budget=1000, kv_tokens=10_000), Rec())
+    eng = make_engine(EngineConfig(max_running=2, token_budget=1000, kv_tokens=10_000), Rec())
     eng.add(10, 3, 0.0)
     now = 0.0
     while eng.busy:

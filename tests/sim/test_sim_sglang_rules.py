@@ -14,6 +14,7 @@ import pytest
 
 from ebctl.protocol import BatchKind, Mode, Policy
 from ebctl.sim.engine import Engine, EngineConfig
+from ebctl.sim.rules import make_engine
 
 
 class Unit:
@@ -25,7 +26,7 @@ class Unit:
 
 def _engine(**kw) -> Engine:
     base = {"max_running": 16, "token_budget": 4096, "kv_tokens": 1000}
-    return Engine(EngineConfig(**{**base, **kw}), Unit())
+    return make_engine(EngineConfig(**{**base, **kw}), Unit())
 
 
 def _run(eng: Engine, steps: int) -> list:
