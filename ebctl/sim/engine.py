@@ -107,7 +107,7 @@ class Requests:
 class Engine:
     """A continuous-batching engine over simulated time; ``step(now)`` runs one iteration.
 
-    ``Engine(config, cost_model)`` returns the class of ``config.rules``; a rule set implements
+    ``ebctl.sim.rules.make_engine(config, cost_model)`` builds the class of ``config.rules``; a rule set implements
     ``_schedule(policy, now, finished) -> (batch, decode rows or None, prefill chunk slots)``."""
 
     def __init__(self, config: EngineConfig, cost_model: CostModel) -> None:
