@@ -1,6 +1,7 @@
 """The default controller from a cold start over a fixed wall time, against static settings, in the simulator.
 
-    .venv/bin/python tools/sim_cold.py [--quick] [--cases cpu,cpu-mixed,h200,rtx-pro-6000] [--seed 0]
+    .venv/bin/python tools/sim_cold.py [--quick] [--cases cpu,cpu-mixed,cpu-noisy,cpu-mixed-noisy,h200,rtx-pro-6000]
+                                       [--seed 0]
 
 What a user measures first is the same server with and without ebctl over the minutes they watch it: the
 learning period counts. Each case runs the simulated engine (sglang's rules) in a closed loop, with every
@@ -13,7 +14,9 @@ Cases:
   KV of 16,384 tokens, c = 24, linear costs with iterations of 10-30 ms (α_p 8 ms + 40 µs/token, α_d 12 ms +
   0.4 ms/request: about 17 completions/s, 700 output tok/s, as that server measures); inputs 10-240 tokens,
   outputs geometric with mean 42 (at most 160); T = 480 s. ``cpu-mixed``: the same engine launched with mixed
-  chunks. Statics: stock (v0), mb, EB k = 2, 3, 4, 6, 8, 12.
+  chunks. Statics: stock (v0), mb, EB k = 2, 3, 4, 6, 8, 12. ``cpu-noisy``, ``cpu-mixed-noisy``: the same on a
+  machine whose speed wanders as the real CPU server's does (``costs.NoisyCostModel``: 10-s windows of one
+  setting vary by about 10%, where the noiseless cases' vary by well under 1%); every policy sees the same path.
 * ``h200``, ``rtx-pro-6000``: Qwen3-8B's profiles (the fitted GPU model), 1,024 slots, c = 2,048, Azure
   conversations; T = 600 s. Statics: v0, mb, and θ pinned at 0.05-0.8 (the controller's N̂* at that θ).
 
@@ -33,7 +36,7 @@ from ebctl.sim import costs, hardware, policies, runner, workloads
 from ebctl.sim.engine import EngineConfig
 
 CPU_COSTS = model.Costs(alpha_p=8e-3, beta_p=4e-5, alpha_d=12e-3, beta_d=4e-4)
-CASES = ("cpu", "cpu-mixed", "h200", "rtx-pro-6000")
+CASES = ("cpu", "cpu-mixed", "cpu-noisy", "cpu-mixed-noisy", "h200", "rtx-pro-6000")
 
 
 def cpu_workload(n: int, seed: int) -> workloads.Workload:
@@ -47,10 +50,13 @@ def setup(case: str, quick: bool, seed: int) -> tuple[EngineConfig, costs.CostMo
                                                        list[str]]:
     """(engine, cost model, workload, concurrency, wall time T, static policies) of a case."""
     if case.startswith("cpu"):
-        cfg = EngineConfig(max_running=16, token_budget=256, kv_tokens=16384, mixed_chunk=case == "cpu-mixed")
+        cfg = EngineConfig(max_running=16, token_budget=256, kv_tokens=16384, mixed_chunk=case.startswith("cpu-mixed"))
         ks = (2, 4, 8) if quick else (2, 3, 4, 6, 8, 12)
         horizon = 120.0 if quick else 480.0
-        return (cfg, costs.LinearCostModel(CPU_COSTS), cpu_workload(int(30 * horizon), seed), 24, horizon,
+        cm: costs.CostModel = costs.LinearCostModel(CPU_COSTS)
+        if case.endswith("-noisy"):
+            cm = costs.NoisyCostModel(cm, seed=seed)
+        return (cfg, cm, cpu_workload(int(30 * horizon), seed), 24, horizon,
                 ["v0", "mb", *(f"eb:k={k}" for k in ks)])
     prof = profiles.load(f"qwen3-8b/{case}")
     kv = hardware.kv_capacity_tokens(prof.model, prof.gpu)

@@ -108,6 +108,52 @@ class IterationCostModel:
         return c.decode.predict(0, 0, n, ctx, sw)
 
 
+class NoisyCostModel:
+    """Another cost model on a machine whose speed wanders, as the real CPU server's does: every iteration's
+    time × exp(x(t)), x a path fixed by ``seed`` on a grid of ``grid_s`` seconds: white noise of sd ``white`` per
+    cell (averaging to white·√(grid_s / T) over a window of T s) plus an AR(1) drift of sd ``drift`` and
+    correlation time ``tau_s``. t is the sum of the times it priced (the engine's busy time: in a saturated closed
+    loop, its clock). The same seed gives every policy the same path. Stateful (its clock): one per run.
+
+    On the real CPU server (tools/ab_real.py, 2026-11-26) stock's output rate over 30-s bins varied with an sd of
+    5.7% in ln and no correlation from one bin to the next: white = 0.3 per 1-s cell gives 5.5% over 30 s (and
+    9.5% over the tuner's 10-s windows)."""
+
+    def __init__(self, base: CostModel, *, white: float = 0.3, drift: float = 0.05, tau_s: float = 300.0,
+                 grid_s: float = 1.0, seed: int = 0) -> None:
+        if min(white, drift) < 0 or tau_s <= 0 or grid_s <= 0:
+            raise ValueError("white and drift must be >= 0, tau_s and grid_s > 0")
+        self.base, self.white, self.drift, self.tau_s, self.grid_s, self.seed = base, white, drift, tau_s, grid_s, seed
+        self.name = f"{base.name}+noise"
+        self.clock = 0.0
+        self._x = np.zeros(0)
+
+    def log_speed(self, t: float) -> float:
+        """x(t): the ln of the factor on iteration times at busy time t."""
+        i = int(t / self.grid_s)
+        if i >= self._x.size:  # extend the path in blocks; the same seed draws the same path
+            self._x = self._path(max(2 * self._x.size, i + 1, 4096))
+        return float(self._x[i])
+
+    def _path(self, n: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)  # draws in sequence: a longer path keeps the shorter one's start
+        a = np.exp(-self.grid_s / self.tau_s)
+        ar = np.empty(n)
+        ar[0] = rng.standard_normal() * self.drift
+        shocks = rng.standard_normal(n) * self.drift * np.sqrt(1.0 - a * a)
+        for i in range(1, n):
+            ar[i] = a * ar[i - 1] + shocks[i]
+        return ar + np.random.default_rng([self.seed, 1]).standard_normal(n) * self.white
+
+    def step_time(self, batch: Batch) -> float:
+        dt = self.base.step_time(batch)
+        if dt <= 0:
+            return dt
+        dt *= float(np.exp(self.log_speed(self.clock)))
+        self.clock += dt
+        return dt
+
+
 def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
           prefill_attention: bool = True) -> CostModel:
     """The named cost model for a profile.

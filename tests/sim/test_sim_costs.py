@@ -135,3 +135,37 @@ def test_a_profile_from_tune_calibrate_is_priced_with_its_iteration_costs():
     cm = costs.build(prof)
     assert isinstance(cm, costs.IterationCostModel) and "forward" in cm.name
     assert cm.step_time(_decode(100, 3)) == pytest.approx(2e-3)
+
+
+def test_a_noisy_machine_prices_every_policy_on_the_same_path_with_the_stated_spread():
+    """The path depends on the seed alone (a longer one keeps the start of a shorter one); the white part of
+    sd 0.3 per 1-s cell averages to 0.3/√10 = 0.095 over 10 s; the AR(1) drift has the stated sd and, one
+    correlation time apart, a correlation of about e^−1; an iteration's time is the base time × e^x(t), its
+    clock the busy time priced so far."""
+    import math
+
+    from ebctl import model
+    from ebctl.sim.costs import Batch, LinearCostModel, NoisyCostModel
+
+    base = LinearCostModel(model.Costs(alpha_p=0.0, beta_p=0.0, alpha_d=0.5, beta_d=0.0))
+    a, b = NoisyCostModel(base, seed=3), NoisyCostModel(base, seed=3)
+    assert a.log_speed(10_000.0) == b.log_speed(10_000.0)
+    short = NoisyCostModel(base, seed=3)
+    assert [short.log_speed(t) for t in range(100)] == [a.log_speed(t) for t in range(100)]
+    assert NoisyCostModel(base, seed=4).log_speed(5.0) != a.log_speed(5.0)
+
+    white = NoisyCostModel(base, white=0.3, drift=0.0, seed=1)
+    x = np.array([white.log_speed(t) for t in range(200_000)])
+    assert np.std(x.reshape(-1, 10).mean(axis=1)) == pytest.approx(0.3 / math.sqrt(10), rel=0.03)
+    drift = NoisyCostModel(base, white=0.0, drift=0.05, tau_s=300.0, seed=2)
+    y = np.array([drift.log_speed(t) for t in range(300_000)])
+    assert np.std(y) == pytest.approx(0.05, rel=0.1)
+    assert np.corrcoef(y[:-300], y[300:])[0, 1] == pytest.approx(math.exp(-1), abs=0.08)
+
+    m = NoisyCostModel(base, seed=5)
+    decode = Batch(decode_ctx=np.array([10]))
+    t1 = m.step_time(decode)
+    assert t1 == pytest.approx(0.5 * math.exp(m.log_speed(0.0))) and m.clock == pytest.approx(t1)
+    t2 = m.step_time(decode)
+    assert t2 == pytest.approx(0.5 * math.exp(m.log_speed(t1))) and m.clock == pytest.approx(t1 + t2)
+    assert m.step_time(Batch()) == 0.0 and m.clock == pytest.approx(t1 + t2)
