@@ -35,9 +35,7 @@ async def _watch(original, manager, *args, **kwargs):
     try:
         while not manager.gracefully_exit:
             await asyncio.sleep(POLL_S)
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # fail open: sglang's own watchdog, as it was
+    except Exception:  # fail open to sglang's own watchdog (a CancelledError is no Exception: it propagates)
         log.warning("ebctl: fast SIGTERM watch failed; sglang's own (5-s) watch takes over", exc_info=True)
     return await original(manager, *args, **kwargs)
 
