@@ -66,8 +66,9 @@ def setup(case: str, quick: bool, seed: int) -> tuple[EngineConfig, costs.CostMo
             2048, horizon, ["v0", "mb", *(f"eb-auto:theta={t}" for t in thetas)])
 
 
-def output_rate(case: str, spec: str, quick: bool, seed: int) -> tuple[float, str]:
-    """Output tokens/s of the requests finished by T, from a cold start; and the controller's end state."""
+def output_rate(case: str, spec: str, quick: bool, seed: int) -> tuple[float, float, str]:
+    """Output tokens/s of the requests finished by T, from a cold start; the TTFT p99 (s) of the requests whose
+    first token came by T; and the controller's end state."""
     cfg, cm, wl, conc, horizon, _ = setup(case, quick, seed)
     prof_costs = None if case.startswith("cpu") else profiles.load(f"qwen3-8b/{case}").costs
     src = policies.make(spec, max_running=cfg.max_running, kv_tokens=cfg.kv_tokens, costs=prof_costs)
@@ -77,6 +78,9 @@ def output_rate(case: str, spec: str, quick: bool, seed: int) -> tuple[float, st
     if np.nanmax(finish) < horizon:
         raise RuntimeError(f"{case} {spec}: the workload ran out at {np.nanmax(finish):.0f} s, before T = {horizon}")
     tokens = float(req["output_len"][finish <= horizon].sum())
+    first = req["first_token"]
+    started = np.isfinite(first) & (first <= horizon)
+    ttft99 = float(np.percentile((first - req["arrival"])[started], 99))
     ctl = getattr(src, "controller", None)
     end = ""
     if ctl is not None:
@@ -84,7 +88,7 @@ def output_rate(case: str, spec: str, quick: bool, seed: int) -> tuple[float, st
         g = tu.get("gain") or {}
         end = (f"{tu.get('incumbent')} (k {ctl.policy.k}), {tu.get('trials', 0)} trials, gain "
                f"{g.get('vs_stock', 0):+.1%}, exploring cost {g.get('explore_share', 0):.2%}")
-    return tokens / horizon, end
+    return tokens / horizon, ttft99, end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,16 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--cases: unknown case {case!r} (known: {', '.join(CASES)})")
         *_, horizon, statics = setup(case, a.quick, a.seed)
         t0 = time.monotonic()
-        rates = {}
+        rates, ttfts = {}, {}
         for spec in ["default", *statics]:
-            rates[spec], end = output_rate(case, spec, a.quick, a.seed)
-            print(f"  {case:13} {spec:22} {rates[spec]:10,.1f} output tok/s  {end}", flush=True)
+            rates[spec], ttfts[spec], end = output_rate(case, spec, a.quick, a.seed)
+            print(f"  {case:13} {spec:22} {rates[spec]:10,.1f} output tok/s  TTFT p99 {ttfts[spec]:6.2f} s  {end}",
+                  flush=True)
         best = max(statics, key=lambda s: rates[s])
         ratio = rates["default"] / rates[best]
         worst = min(worst, ratio)
         print(f"{case}: T = {horizon:.0f} s from a cold start; best static {best} {rates[best]:,.1f}; default "
-              f"{rates['default']:,.1f} = {ratio:.1%} of it; stock {rates['v0']:,.1f} "
-              f"({time.monotonic() - t0:.0f} s)\n", flush=True)
+              f"{rates['default']:,.1f} = {ratio:.1%} of it; stock {rates['v0']:,.1f}; TTFT p99 default / stock "
+              f"{ttfts['default'] / ttfts['v0']:.2f} ({time.monotonic() - t0:.0f} s)\n", flush=True)
     print(f"worst default / best static: {worst:.1%}")
     return 0
 
