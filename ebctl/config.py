@@ -200,6 +200,11 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
                               "(then twice as long, up to 8×)", 0, 100_000_000),
     "tune_explore_budget": Spec(float, "measured: share of the time the search may give up to trying arms (a "
                                        "trial starts only while what exploring cost stays under it)", 0.0, 1.0),
+    "tune_theta_entry": Spec(float, "measured: the largest θ a search enters EB at from stock or mb (the closed "
+                                    "forms' θ above it is reached by climbing, one won trial at a time)", 1e-4, 0.999),
+    "tune_ttft_slack": Spec(float, "measured: a challenger other than stock whose TTFT p99 (the engine's, over "
+                                   "its windows) exceeds stock's by more than this share does not win (10: no "
+                                   "guard)", 0.0, 10.0),
     "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) "
                               "that restarts the search (output length: twice this)", 0.01, 10.0),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),

@@ -30,6 +30,8 @@ class TunerParams:
     recheck: int = 4000  # completions between settling and the first re-check
     window_s: float = 10.0  # ... or this many seconds, once it holds window / 4 (0: completions only)
     explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
+    theta_entry: float = 0.2  # the largest θ a search enters EB at from stock or mb; larger θ is reached by climbing
+    ttft_slack: float = 0.1  # a challenger whose TTFT p99 exceeds stock's by more than this share does not win
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class ControllerParams:
     tune_step: float = 1.0  # measured: the largest step of θ, in octaves (1: ×2)
     tune_recheck: int = 4000  # measured: completions between settling and re-checking the neighbours
     tune_explore_budget: float = 0.01  # measured: share of the time the search may give up to trying arms
+    tune_theta_entry: float = 0.2  # measured: the largest θ a search enters EB at from stock or mb
+    tune_ttft_slack: float = 0.1  # measured: a challenger whose TTFT p99 exceeds stock's by more does not win
     tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
@@ -91,7 +95,8 @@ class ControllerParams:
                            window_s=self.tune_window_s,
                            min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
                            min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
-                           recheck=self.tune_recheck, explore_budget=self.tune_explore_budget)
+                           recheck=self.tune_recheck, explore_budget=self.tune_explore_budget,
+                           theta_entry=self.tune_theta_entry, ttft_slack=self.tune_ttft_slack)
 
 
 class Fit(NamedTuple):

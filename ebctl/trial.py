@@ -79,10 +79,12 @@ class Window:
     decode_tokens: int = 0
     saturated_s: float = 0.0
     mixed: list[tuple[float, int, int]] = field(default_factory=list)  # (dt, prefill tokens, decode rows) each
+    ttfts: list[float] = field(default_factory=list)  # the finished requests' TTFTs the engine measured (s)
 
     def add(self, r: IterationReport, dt: float) -> None:
         p, d = r.prefill_tokens, r.decode_reqs
         self.completions += len(r.finished)
+        self.ttfts.extend(f.ttft_s for f in r.finished if f.ttft_s >= 0.0)  # NaN: not measured
         self.prefill_tokens += p
         self.decode_tokens += d
         if p + d == 0:
@@ -137,6 +139,8 @@ class Trial:
     rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
     invalid: int = 0  # unsaturated windows in a row
     probed: bool = False  # an eb+ probe paused it (one per trial: each pause drops windows)
+    lead: float = math.nan  # ln rate of a challenger window clearly above the incumbent, awaiting its confirmation
+    ttfts: list[float] = field(default_factory=list)  # TTFTs of the challenger's measured windows
 
     def arm(self) -> str:
         """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""
