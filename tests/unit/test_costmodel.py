@@ -155,6 +155,27 @@ def test_every_feature_flat_leaves_the_intercept():
     assert f.quality.ok and f.features == () and f.cost.intercept_s == pytest.approx(0.031, rel=0.01)
 
 
+def test_a_noisy_flat_cost_is_fitted_flat_and_passes():
+    """Mixed iterations of a tiny model on a busy CPU (the CI failure of 2026-11-26: "median error 12.3% above the
+    mean's 10.4%"): cost flat in every feature, lognormal noise σ = 0.15 and a 5% tail of slow iterations, the
+    features as varied as real mixed batches. The flat cost's own median error is about 10%, under the 20%
+    threshold, so every draw must pass; before the flat fallback 5 of these 50 draws failed (the L1 constant sits
+    below the mean on right-skewed times, and a median over 60 held-out iterations moves with the split)."""
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        n = 300
+        decode = rng.integers(1, 16, n).astype(float)
+        x = rows(n, prefill_tokens=rng.integers(1, 256, n), prefill_reqs=rng.integers(1, 4, n), decode_reqs=decode,
+                 decode_ctx_tokens=decode * rng.integers(20, 120, n), switched=rng.random(n) < 0.2)
+        y = 0.02 * rng.lognormal(0.0, 0.15, n) * (1 + (rng.random(n) < 0.05) * rng.exponential(1.0, n))
+        f = fit_phase(x, y, M)
+        assert f.quality.ok, (seed, f.quality.reason)
+        assert f.quality.median_rel_err <= 1.1 * f.quality.mean_rel_err <= 0.2 * 1.1, (seed, f.quality)
+        # whatever was kept, it predicts a typical iteration near the 0.02-s flat cost (mean of the draw 0.0212)
+        assert f.cost.predict(prefill_tokens=128, prefill_reqs=2, decode_reqs=8, decode_ctx_tokens=560) \
+            == pytest.approx(0.0205, rel=0.12), (seed, f.cost)
+
+
 def test_garbage_rows_are_ignored():
     _, x, y = decode_data(np.random.default_rng(6), n=400)
     bad_x = np.vstack([x[:3], rows(1, decode_reqs=math.inf), rows(1, decode_reqs=-1.0), rows(1, decode_reqs=4.0)])
