@@ -49,6 +49,9 @@ class EngineConfig:
     max_new_tokens: int = 0  # sglang: 0 = each request's own output length, sent with ignore_eos;
     # > 0 = this max_new_tokens on every request, which stops at its own length (EOS): new_token_ratio applies
     schedule_conservativeness: float = 1.0  # sglang: initial new_token_ratio = min(0.7 × this, 1)
+    min_free_slots_delay: int = 0  # sglang --min-free-slots-delay K (0: not given; ≤ 1 after the cap: disabled)
+    prefill_decode_interval: int = 0  # sglang --prefill-decode-interval N (0: disabled)
+    prefill_decode_interval_min_bs: int = 0  # sglang --prefill-decode-interval-min-bs
     engine_id: str = "sim"
 
     def __post_init__(self) -> None:
@@ -63,6 +66,12 @@ class EngineConfig:
             raise ValueError(f"kv_tokens={self.kv_tokens} is less than one page ({self.page})")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark={self.watermark}: must be in [0, 1)")
+        knobs = (self.min_free_slots_delay, self.prefill_decode_interval, self.prefill_decode_interval_min_bs)
+        if min(knobs) < 0:
+            raise ValueError(f"min_free_slots_delay, prefill_decode_interval, prefill_decode_interval_min_bs = "
+                             f"{knobs}: must be >= 0")
+        if self.rules != "sglang" and (self.min_free_slots_delay or self.prefill_decode_interval):
+            raise ValueError("min_free_slots_delay and prefill_decode_interval are sglang's flags: rules='sglang' only")
         if not self.schedule_conservativeness > 0:
             raise ValueError(f"schedule_conservativeness={self.schedule_conservativeness}: must be > 0")
 

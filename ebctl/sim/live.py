@@ -46,6 +46,7 @@ class LinkSource:
     name: str = "daemon"
     timeline: list[ModeChange] = field(default_factory=list)
     last: Policy | None = None
+    engine: dict[str, int] = field(default_factory=dict)
 
     def policy(self, now: float) -> Policy | None:
         p = self.link.policy(time.time())

@@ -13,7 +13,11 @@
   Both take ``method=paper|cfr|exact-fluid|measured``, ``delta=``, ``defer=``, ``window=``, ``every=`` and
   ``theta=`` (θ pinned: the controller's N̂*, KV reserve and clock at that θ);
 * ``default``: the controller exactly as a default install configures it (``ControllerParams()``, no profile:
-  the default costs until its online fits pass; the engine's limit and KV capacity from its reports).
+  the default costs until its online fits pass; the engine's limit and KV capacity from its reports);
+* ``sglang:min-free-slots=K`` / ``sglang:pd-interval=N`` (option ``min-bs=M``): stock sglang launched with
+  its own static knob ``--min-free-slots-delay K`` / ``--prefill-decode-interval N``
+  (``--prefill-decode-interval-min-bs M``), no ebctl (:mod:`ebctl.sim.rules_sglang` models both); the
+  source's ``engine`` holds the launch flags (``EngineConfig`` fields) the runner applies.
 
 A list of policies is comma-separated like their options (``v0,eb:theta=0.3,n=300``): ``split_specs`` starts a
 new policy at each piece that begins with a policy's name and gives every ``key=value`` piece to the policy
@@ -39,9 +43,12 @@ from ebctl.controller import Controller, ControllerParams
 from ebctl.estimate import fit_hazard
 from ebctl.protocol import IterationReport, Mode, Policy
 
-NAMES = ("v0", "stock", "mb", "eb", "eb-auto", "eb+", "default")
-KNOWN = ("v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+ or default (options after a colon, comma-separated: "
-         "eb:theta=0.3,n=300)")
+NAMES = ("v0", "stock", "mb", "eb", "eb-auto", "eb+", "default", "sglang")
+KNOWN = ("v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+, default, sglang:min-free-slots=K or sglang:pd-interval=N "
+         "(options after a colon, comma-separated: eb:theta=0.3,n=300)")
+# sglang's static knobs: the policy option → the EngineConfig field it sets (the launch flag)
+KNOBS = {"min-free-slots": "min_free_slots_delay", "pd-interval": "prefill_decode_interval",
+         "min-bs": "prefill_decode_interval_min_bs"}
 FIXED_OPTIONS = {"k", "theta", "n", "kv", "defer"}
 AUTO_OPTIONS = {"method", "delta", "defer", "window", "every", "theta"}
 
@@ -57,6 +64,7 @@ class ModeChange:
 class PolicySource(Protocol):
     name: str
     timeline: list[ModeChange]
+    engine: dict[str, int]  # EngineConfig fields the policy launches the engine with (sglang's own knobs)
 
     def policy(self, now: float) -> Policy | None: ...
 
@@ -69,6 +77,7 @@ class Stock:
 
     name: str = "v0"
     timeline: list[ModeChange] = field(default_factory=list)
+    engine: dict[str, int] = field(default_factory=dict)
 
     def policy(self, now: float) -> Policy | None:
         return None
@@ -84,6 +93,7 @@ class Fixed:
     name: str
     fixed: Policy
     timeline: list[ModeChange] = field(default_factory=list)
+    engine: dict[str, int] = field(default_factory=dict)
 
     def policy(self, now: float) -> Policy | None:
         if not self.timeline:
@@ -101,6 +111,7 @@ class Auto:
     name: str
     controller: Controller
     timeline: list[ModeChange] = field(default_factory=list)
+    engine: dict[str, int] = field(default_factory=dict)
     _version: int = -1
 
     def policy(self, now: float) -> Policy | None:
@@ -162,6 +173,18 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
                    kv_reserve_frac=_num(o, "kv", spec, 0.0, 0.0, 0.99),
                    max_defer_s=_num(o, "defer", spec, math.inf, 0.0))
         return Fixed(spec, p)
+    if head == "sglang":
+        o = _options(rest, set(KNOBS), spec)
+        if ("min-free-slots" in o) == ("pd-interval" in o) or ("min-bs" in o and "pd-interval" not in o):
+            raise ValueError(f"policy {spec!r}: give exactly one of min-free-slots=K or pd-interval=N "
+                             "(min-bs= goes with pd-interval)")
+        engine = {}
+        for key in o:
+            v = _num(o, key, spec, 0, 0 if key == "min-bs" else 1)
+            if v != int(v):
+                raise ValueError(f"policy {spec!r}: {key}={o[key]!r} is not a whole number")
+            engine[KNOBS[key]] = int(v)
+        return Stock(name=spec, engine=engine)
     if head == "default" and not rest:
         return Auto(spec, Controller(ControllerParams(), engine_id=engine_id))
     if head in ("eb-auto", "eb+"):

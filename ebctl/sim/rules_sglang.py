@@ -34,9 +34,19 @@ Read from the installed source (paths under ``sglang/srt/``; line numbers of 0.5
   min(0.7 × ``schedule_conservativeness``, 1) (``scheduler_components/new_token_ratio_tracker.py``,
   ``environ.py:646-649``); an idle engine resets it (``on_idle``, 5318).
 
+* **``--min-free-slots-delay K``** (``managers/min_free_slots_delayer.py``; ``_get_new_batch_prefill_raw``
+  4104-4115): the threshold is min(K, ``max_running``), disabled when that is ≤ 1 (``resolve_min_free_slots``).
+  After the full-batch and empty-queue checks and with no chunk in flight, no prefill forms while requests
+  are running and fewer than K slots are allocatable (``should_delay``): sglang's own EB(K), without a timer.
+* **``--prefill-decode-interval N``** (``_should_defer_prefill`` 1400-1411, ``_arm_prefill_decode_interval``
+  1413-1426, called at 3972 and 4015): a step that ran a prefill or mixed batch arms N; while armed, each
+  scheduling round defers prefill (a chunk in flight too) and counts one down, unless the running batch holds
+  fewer than ``--prefill-decode-interval-min-bs`` requests (default 0), which disarms it. The ebctl plugin
+  replaces this hook, so the flag acts only without a policy. With nothing running a deferred round is an
+  empty loop iteration, costing no simulated time: the count is spent at once.
+
 Not modelled: the overlap loop's one-step lag in result processing, prefix (radix) cache hits, priorities and
-other schedule policies than FCFS, ``--prefill-decode-interval``. A lone request that outgrows the whole
-KV is truncated (sglang aborts it).
+other schedule policies than FCFS. A lone request that outgrows the whole KV is truncated (sglang aborts it).
 """
 
 from __future__ import annotations
@@ -63,6 +73,9 @@ class SglangEngine(Engine):
         self.new_token_ratio = self.ratio_init
         self.batch_is_full = False
         self._held = False  # a chunk went on alone since the gate last admitted (the plugin's ``held``)
+        mfs = min(config.min_free_slots_delay, config.max_running)  # resolve_min_free_slots
+        self.min_free_slots = mfs if mfs > 1 else 0
+        self.pd_interval_remaining = 0  # _prefill_decode_interval_remaining
         self.retractions = 0
 
     def _released(self) -> None:
@@ -90,11 +103,19 @@ class SglangEngine(Engine):
                 self._held = self.batch_is_full = False
         elif steer:
             self.gate.rest()
+        elif self.pd_interval_remaining:  # _should_defer_prefill, stock (scheduler.py:1400-1411)
+            if running_bs < cfg.prefill_decode_interval_min_bs or running_bs == 0:
+                self.pd_interval_remaining = 0
+            else:
+                self.pd_interval_remaining -= 1
+                defer = True
         batch, chunks = Batch(), []
         if not defer:
             self._prefill(batch, chunks, chunked, running_bs, 0 if hold_new else cap - running_bs, mixed_chunk,
                           now, finished)
         if chunks:
+            if cfg.prefill_decode_interval:  # _arm_prefill_decode_interval: an extend or mixed batch ran
+                self.pd_interval_remaining = cfg.prefill_decode_interval
             rows = None
             if mixed_chunk and running_bs and self._decode_fits(self.dec):
                 rows = self._take_decode_pages(self.dec.copy())
@@ -115,6 +136,8 @@ class SglangEngine(Engine):
         if running_bs == 0:
             self.batch_is_full = False
         if (self.batch_is_full or not self.queue) and chunked is None:
+            return
+        if chunked is None and running_bs > 0 and allocatable < self.min_free_slots:  # MinFreeSlotsDelayer
             return
         if chunked is None and allocatable <= 0:
             self.batch_is_full = True

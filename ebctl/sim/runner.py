@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ def run(workload: Workload, source: PolicySource, cost_model: CostModel, config:
     if concurrency < 1 and not workload.open_loop:
         raise ValueError(f"concurrency={concurrency}: must be >= 1")
     wall0 = time.perf_counter()
-    eng = make_engine(config, cost_model)
+    eng = make_engine(replace(config, **source.engine) if source.engine else config, cost_model)
     if on_start is not None:
         on_start(eng)
     n = len(workload)

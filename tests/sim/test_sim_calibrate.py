@@ -32,7 +32,7 @@ class Noisy:
 class Spy:
     def __init__(self, inner):
         self.inner, self.reports = inner, []
-        self.name, self.timeline = inner.name, inner.timeline
+        self.name, self.timeline, self.engine = inner.name, inner.timeline, inner.engine
 
     def policy(self, now):
         return self.inner.policy(now)

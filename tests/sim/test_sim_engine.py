@@ -21,7 +21,7 @@ class _Spy:
 
     def __init__(self, inner):
         self.inner, self.reports = inner, []
-        self.name, self.timeline = inner.name, inner.timeline
+        self.name, self.timeline, self.engine = inner.name, inner.timeline, inner.engine
 
     def policy(self, now):
         return self.inner.policy(now)

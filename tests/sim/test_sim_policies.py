@@ -59,3 +59,34 @@ def test_eb_plus_picks_mb_at_low_concurrency(h200, sim_run):
     cfg = EngineConfig(max_running=1024, token_budget=8192, kv_tokens=700_000)
     low = sim_run(wl, "eb+:every=50", costs.build(h200, "kernels"), cfg, concurrency=16, prof=h200)
     assert low["mode_share"].get("mb", 0) > 0.5
+
+
+def test_sglang_knob_policies_launch_the_engine_with_the_flag():
+    mfs = make("sglang:min-free-slots=4")
+    assert mfs.policy(0.0) is None and mfs.engine == {"min_free_slots_delay": 4}  # stock sglang, no plugin
+    pdi = make("sglang:pd-interval=3,min-bs=8")
+    assert pdi.policy(0.0) is None
+    assert pdi.engine == {"prefill_decode_interval": 3, "prefill_decode_interval_min_bs": 8}
+    assert make("v0").engine == {} and make("eb:k=2").engine == {}
+    assert policies.split_specs("v0,sglang:pd-interval=2,min-bs=4,mb") == ["v0", "sglang:pd-interval=2,min-bs=4", "mb"]
+
+
+@pytest.mark.parametrize("bad", ["sglang", "sglang:min-free-slots=4,pd-interval=2", "sglang:min-bs=2",
+                                 "sglang:pd-interval=2.5", "sglang:min-free-slots=0", "sglang:foo=1",
+                                 "sglang:pd-interval=-1"])
+def test_bad_knob_policies_are_refused(bad):
+    with pytest.raises(ValueError, match=r"policy .sglang"):
+        make(bad)
+
+
+def test_min_free_slots_delay_is_eb_k_without_a_timer(h200, h200_model, sim_run):
+    """Two implementations of one rule: sglang's MinFreeSlotsDelayer in the engine's rules, and ebctl's phase
+    gate under a fixed EB(k) policy with no defer limit (mixing off, no chunking: prompts fit the budget).
+    Both hold fresh prefills while requests run and fewer than k slots are free, so the runs are identical."""
+    wl = workloads.load("balanced", 300, seed=0)
+    cfg = EngineConfig(max_running=64, token_budget=16384, kv_tokens=200_000)
+    knob = sim_run(wl, "sglang:min-free-slots=16", h200_model, cfg, concurrency=128, prof=h200)
+    gate = sim_run(wl, "eb:k=16", h200_model, cfg, concurrency=128, prof=h200)
+    stock = sim_run(wl, "v0", h200_model, cfg, concurrency=128, prof=h200)
+    assert knob["makespan_s"] == gate["makespan_s"] and knob["tok_per_s"] == gate["tok_per_s"]
+    assert knob["makespan_s"] != stock["makespan_s"]  # the flag reached the engine

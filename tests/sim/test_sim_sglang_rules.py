@@ -178,3 +178,88 @@ def test_a_chunk_in_flight_goes_on_alone_while_the_gate_holds():
     for _ in range(2):
         stock.add(5, 50, 2.0)
     assert [r.prefill_reqs for r in _run_from(stock, 2, 2)] == [1, 3]
+
+
+# --- sglang's own static knobs (no plugin policy) -----------------------------------------------------------
+
+def test_min_free_slots_delay_holds_prefill_until_k_slots_are_allocatable():
+    # 4 slots; A, B, C leave after 2 tokens (prefill step 0 makes token 1, decode step 1 token 2), D after 10
+    # (step 9); four more wait. Step 2: 1 running, 3 allocatable. should_delay: running_bs > 0 and
+    # allocatable < K. K = 3: 3 < 3 is false, the three are admitted. K = 4: delayed until D leaves at step 9;
+    # step 10 has nothing running (never delayed) and admits 4. K = 1 is disabled (resolve_min_free_slots):
+    # stock sglang, which admits at step 2 as K = 3 does; K = 2 would too (3 allocatable).
+    def steps(**kw):
+        eng = _engine(max_running=4, **kw)
+        for out in (2, 2, 2, 10, 10, 10, 10, 10):
+            eng.add(5, out, 0.0)
+        return [(r.kind, r.prefill_reqs) for r in _run(eng, 11)]
+
+    k3, k4 = steps(min_free_slots_delay=3), steps(min_free_slots_delay=4)
+    assert k3[0] == k4[0] == (BatchKind.PREFILL, 4)
+    assert k3[2] == (BatchKind.PREFILL, 3)
+    assert all(s == (BatchKind.DECODE, 0) for s in k4[1:10]) and k4[10] == (BatchKind.PREFILL, 4)
+    assert steps(min_free_slots_delay=1) == steps() == k3
+    assert steps(min_free_slots_delay=99) == k4  # capped at max_running: 4
+
+
+def test_min_free_slots_delay_lets_a_chunk_in_flight_go_on():
+    # "Skipped during a chunked prefill". K = 3 of 4 slots, a 64-token chunk budget; R1, R2 (5 tokens) and A
+    # (150) at t = 0. Step 0: nothing runs, all three admitted: 5 + 5 + A's first 54. After it R1, R2 run
+    # (running_bs 2, allocatable 2 < 3): a fresh prefill would be delayed, but A is the chunk in flight and
+    # goes on: 64 in step 1, its last 150 − 54 − 64 = 32 in step 2; step 3 decodes R1, R2 and A.
+    eng = _engine(max_running=4, token_budget=64, min_free_slots_delay=3)
+    for inp in (5, 5, 150):
+        eng.add(inp, 50, 0.0)
+    reps = _run(eng, 4)
+    assert [(r.kind, r.prefill_reqs, r.prefill_tokens) for r in reps[:3]] == [
+        (BatchKind.PREFILL, 3, 64), (BatchKind.PREFILL, 1, 64), (BatchKind.PREFILL, 1, 32)]
+    assert reps[3].kind is BatchKind.DECODE and reps[3].decode_reqs == 3
+
+
+def test_prefill_decode_interval_runs_n_decode_steps_after_each_prefill():
+    # _arm_prefill_decode_interval: a prefill step arms N = 2; _should_defer_prefill then defers two rounds
+    # (2 → 1 → 0) while the running batch holds ≥ min-bs requests. A is prefilled at step 0; B arrives at t = 1.
+    def steps(**kw):
+        eng = _engine(**kw)
+        eng.add(5, 20, 0.0)
+        reps = [eng.step(0.0)]
+        eng.add(5, 20, 1.0)
+        reps += _run_from(eng, 1, 4)
+        return [(r.kind, r.prefill_reqs) for r in reps]
+
+    P, D = BatchKind.PREFILL, BatchKind.DECODE
+    assert steps(prefill_decode_interval=2) == [(P, 1), (D, 0), (D, 0), (P, 1), (D, 0)]
+    assert steps() == [(P, 1), (P, 1), (D, 0), (D, 0), (D, 0)]  # stock: prefill first
+    # min-bs 2: 1 request running < 2 disarms the interval at step 1 (prefill_decode_interval_remaining = 0)
+    assert steps(prefill_decode_interval=2, prefill_decode_interval_min_bs=2) == steps()
+
+
+def test_prefill_decode_interval_defers_a_chunk_in_flight_and_counts_a_mixed_step():
+    # The interval is checked before get_new_batch_prefill, so a chunk in flight waits too. R (5 tokens, 50
+    # out) runs; A (150 tokens) on a 64-token chunk budget, N = 1: chunk, decode, chunk, decode, last chunk.
+    eng = _engine(token_budget=64, prefill_decode_interval=1)
+    eng.add(5, 50, 0.0)
+    reps = [eng.step(0.0)]
+    eng.add(150, 5, 1.0)
+    reps += _run_from(eng, 1, 6)
+    assert [(r.kind, r.prefill_tokens) for r in reps[1:7]] == [
+        (BatchKind.DECODE, 0), (BatchKind.PREFILL, 64), (BatchKind.DECODE, 0), (BatchKind.PREFILL, 64),
+        (BatchKind.DECODE, 0), (BatchKind.PREFILL, 22)]
+    # with --enable-mixed-chunk the chunks carry R's decode row (MIXED, an extend mode: it arms the interval)
+    mixed = _engine(token_budget=64, prefill_decode_interval=1, mixed_chunk=True)
+    mixed.add(5, 50, 0.0)
+    out = [mixed.step(0.0)]
+    mixed.add(150, 5, 1.0)
+    out += _run_from(mixed, 1, 4)
+    assert [r.kind for r in out[1:5]] == [BatchKind.DECODE, BatchKind.MIXED, BatchKind.DECODE, BatchKind.MIXED]
+
+
+def test_prefill_decode_interval_with_nothing_running_does_not_wait():
+    # With an empty running batch a deferred round is an idle loop iteration (microseconds): A finishes in its
+    # prefill (1 token out), B arrives and is prefilled at the next step although N = 5 was armed.
+    eng = _engine(prefill_decode_interval=5)
+    eng.add(5, 1, 0.0)
+    first = eng.step(0.0)
+    assert first.finished
+    eng.add(5, 3, 1.0)
+    assert eng.step(1.0).prefill_reqs == 1
