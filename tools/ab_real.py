@@ -3,7 +3,8 @@
     python tools/ab_real.py [--configs alone,mixed,mfsd=4,ebctl,'ebctl:controller.mode=off'] [--runs 3]
                             [--duration 480] [--last 240] [--concurrency 24] [--trace FILE|WORKLOAD]
                             [--requests 480] [--seed 0] [--server-args=--enable-mixed-chunk] [--baseline NAME]
-                            [--status-every 60] [--json FILE] [--venv VENV] [--workdir DIR] [--model DIR] [--quick]
+                            [--status-every 60] [--slo TTFT,TPOT] [--json FILE] [--venv VENV] [--workdir DIR]
+                            [--model DIR] [--quick] [--from-json FILE [--slo TTFT,TPOT] [--report FILE]]
 
 Every run starts the tiny model (tools/sglang_cpu/make_tiny_model.py) FRESH, with torch on one pinned OpenMP
 thread (``SGLANG_CPU_OMP_THREADS_BIND=0``, ``OMP_NUM_THREADS=1``) and the base server args: the harness's CPU
@@ -51,6 +52,10 @@ read over its control socket every ``--status-every`` seconds, at the end of the
 last read's mode,
 k, n_max and, where the engine's status has them, ``gain`` and ``exploration`` are printed.
 ``--json``: everything (per run: the per-request records, throughput per 30-s bin, the status reads).
+``--slo TTFT,TPOT`` (seconds): the table adds goodput at those targets, the output tokens of the requests that
+completed with TTFT and TPOT within them per second of load, the share of requests sent that did
+(``attained``), and the goodput ratio to the baseline (bootstrap, as above); with ``--from-json`` it re-reports
+a recorded A/B at any targets.
 
 ``--quick`` (CI): ``alone,ebctl``, one run each, 45 s of load, ``--last 20``, status every 15 s (each unless
 given on the command line); the figures are printed, not judged. Each run also costs 30-50 s of server start
@@ -179,6 +184,30 @@ def summarize(records: Sequence[dict[str, Any]], hist: Sequence[float], res: flo
         "in_flight_at_end": len(at_end), "completed_in_drain": sum(r["status"] == "ok" for r in at_end),
         "output_tokens": sum(hist), "bins_30s": bins(hist, res, BIN_S, duration),
     }
+
+
+def goodput(records: Sequence[dict[str, Any]], duration: float, slo: tuple[float, float]) -> dict[str, float]:
+    """Goodput at the operator's targets ``slo`` = (TTFT s, TPOT s): the output tokens of the requests that
+    completed with TTFT ≤ the first and TPOT ≤ the second (a one-token request has no TPOT: its TTFT alone),
+    per second of load (``duration``; requests in flight at its end count when they completed in the drain),
+    and ``attained``: their share of the requests sent (a failed or unfinished request misses)."""
+    ttft_s, tpot_s = slo
+    good = [r for r in records if r["status"] == "ok" and r["ttft"] is not None and r["ttft"] <= ttft_s
+            and (r["tpot"] is None or r["tpot"] <= tpot_s)]
+    return {"goodput_tok_s": sum(r["tokens"] for r in good) / duration,
+            "attained": len(good) / len(records) if records else math.nan}
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    """``--slo TTFT,TPOT`` (seconds, both > 0)."""
+    parts = text.split(",")
+    try:
+        ttft_s, tpot_s = (float(x) for x in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give TTFT,TPOT in seconds, e.g. 1.0,0.05") from None
+    if not (ttft_s > 0 and tpot_s > 0 and math.isfinite(ttft_s + tpot_s)):
+        raise argparse.ArgumentTypeError(f"{text!r}: both targets must be positive seconds")
+    return ttft_s, tpot_s
 
 
 def issue_workload(n: int = 480, seed: int = 0) -> list[tuple[int, int]]:
@@ -487,18 +516,28 @@ def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
     return line
 
 
-def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: float) -> tuple[str, dict]:
-    by = {n: [r["summary"] for r in runs if r["config"] == n and "summary" in r] for n in names}
+def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: float, *,
+          slo: tuple[float, float] | None = None, duration: float = math.nan) -> tuple[str, dict]:
+    """The markdown table of the A/B and its figures per configuration; with ``slo`` (TTFT s, TPOT s) also
+    :func:`goodput` from each run's records (over ``duration`` s of load) and its ratio to the baseline's."""
+    done = [r for r in runs if "summary" in r]
+    if slo is not None:
+        done = [{**r, "summary": {**r["summary"], **goodput(r.get("records") or [], duration, slo)}} for r in done]
+    by = {n: [r["summary"] for r in done if r["config"] == n] for n in names}
     base_all = [s["tok_s"] for s in by[baseline]]
     base_last = [s["tok_s_last"] for s in by[baseline]]
+    good_cols = (f" goodput tok/s (TTFT ≤ {slo[0]:g} s, TPOT ≤ {slo[1] * 1e3:g} ms) | attained | goodput ratio "
+                 "[95%] |" if slo else "")
     rows = [f"| configuration | runs | out tok/s | last {last:.0f} s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
-            f"TPOT p99 ms | completed | failed | ratio to {baseline} [95%] | last part [95%] |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            f"TPOT p99 ms | completed | failed | ratio to {baseline} [95%] | last part [95%] |{good_cols}",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if slo else "")]
     summary: dict[str, Any] = {}
+    keys = ("tok_s", "tok_s_last", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
+            *(("goodput_tok_s", "attained") if slo else ()))
     for n in names:
         ss = by[n]
         med = {k: (statistics.median(v) if (v := [s[k] for s in ss if not math.isnan(s[k])]) else math.nan)
-               for k in ("tok_s", "tok_s_last", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}
+               for k in keys}
         ratio = bootstrap_ratio([s["tok_s"] for s in ss], base_all)
         ratio_last = bootstrap_ratio([s["tok_s_last"] for s in ss], base_last)
         summary[n] = {**med, "runs": len(ss), "completed": sum(s["completed"] for s in ss),
@@ -509,10 +548,15 @@ def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: flo
         def r(x: tuple[float, float, float]) -> str:
             return "-" if math.isnan(x[0]) else f"{x[0]:.3f} [{x[1]:.3f}, {x[2]:.3f}]"
 
-        rows.append(f"| {n} | {len(ss)} | {fmt(med['tok_s'])} | {fmt(med['tok_s_last'])} | "
-                    f"{fmt(med['ttft_p50'], 1, 2)} | {fmt(med['ttft_p99'], 1, 2)} | {fmt(med['tpot_p50'], 1e3, 1)} | "
-                    f"{fmt(med['tpot_p99'], 1e3, 1)} | {summary[n]['completed']} | {summary[n]['failed']} | "
-                    f"{r(ratio)} | {r(ratio_last)} |")
+        row = (f"| {n} | {len(ss)} | {fmt(med['tok_s'])} | {fmt(med['tok_s_last'])} | "
+               f"{fmt(med['ttft_p50'], 1, 2)} | {fmt(med['ttft_p99'], 1, 2)} | {fmt(med['tpot_p50'], 1e3, 1)} | "
+               f"{fmt(med['tpot_p99'], 1e3, 1)} | {summary[n]['completed']} | {summary[n]['failed']} | "
+               f"{r(ratio)} | {r(ratio_last)} |")
+        if slo:
+            g = bootstrap_ratio([s["goodput_tok_s"] for s in ss], [s["goodput_tok_s"] for s in by[baseline]])
+            summary[n].update(goodput_runs=[s["goodput_tok_s"] for s in ss], goodput_ratio=g)
+            row += f" {fmt(med['goodput_tok_s'])} | {fmt(med['attained'], 100, 1)}% | {r(g)} |"
+        rows.append(row)
     return "\n".join(rows), summary
 
 
@@ -553,7 +597,8 @@ def report(doc: dict[str, Any], command: str) -> str:
     st = doc["settings"]
     names, runs = doc["configs"], doc["runs"]
     baseline = st["baseline"] if isinstance(st.get("baseline"), str) and st["baseline"] else names[0]
-    text, _ = table(names, runs, baseline, st["last"])
+    slo = tuple(st["slo"]) if st.get("slo") else None
+    text, _ = table(names, runs, baseline, st["last"], slo=slo, duration=st["duration"])
     width = max(len(n) for n in names)
     out = [f"`{command}`", "",
            f"{st['runs']} round(s) of {st['duration']:.0f} s, c = {st['concurrency']}, workload "
@@ -607,6 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, default=None, help="write a markdown record of the A/B here")
     ap.add_argument("--from-json", type=Path, default=None,
                     help="run nothing: read a finished A/B's --json and print (with --report, write) its record")
+    ap.add_argument("--slo", type=parse_slo, default=None, metavar="TTFT,TPOT",
+                    help="the operator's targets in seconds, e.g. 1.0,0.05: adds goodput (output tok/s of the "
+                         "requests meeting both), attainment and the goodput ratio (with --from-json too)")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.client:
@@ -614,10 +662,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         doc = _nan(json.loads(a.from_json.read_text()))
         st = doc["settings"]
+        if a.slo:
+            st["slo"] = list(a.slo)
         cmd = "python tools/ab_real.py " + " ".join(
             f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in st.items()
             if isinstance(v, str | int | float) and v not in (False, "") and v == v
             and k in ("configs", "runs", "duration", "last", "trace", "server_args"))
+        if st.get("slo"):
+            cmd += f" --slo {st['slo'][0]:g},{st['slo'][1]:g}"
         md = report(doc, cmd)
         if a.report:
             a.report.write_text(md)
@@ -685,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.json:
                 write_json(a, names, args, pairs, runs, None)
 
-    text, summary = table(names, runs, baseline, a.last)
+    text, summary = table(names, runs, baseline, a.last, slo=a.slo, duration=a.duration)
     cpu = [r["client_cpu_s"] / r["client_wall_s"] for r in runs if "client_cpu_s" in r]
     print(f"\n`python tools/ab_real.py {shlex.join(sys.argv[1:] if argv is None else argv)}`: "
           f"{time.monotonic() - t_start:.0f} s in all; medians over runs; ratio: bootstrap median "

@@ -134,3 +134,38 @@ def test_a_status_read_is_one_row_of_the_record(ab):
     assert ab.status_rows(run) == [
         "| 60 | eb | 4 | 16 | trial | eb@6 | 687 | +31.8% [+28.2%, +35.5%] | 0.4% |",
         "| 120 | - | - | - | - | - | - | - | - |"]
+
+
+def test_goodput_counts_the_tokens_of_requests_within_both_targets(ab):
+    recs = [
+        {"status": "ok", "ttft": 0.5, "tpot": 0.04, "tokens": 10},   # meets both
+        {"status": "ok", "ttft": 1.5, "tpot": 0.04, "tokens": 20},   # TTFT over 1.0
+        {"status": "ok", "ttft": 0.2, "tpot": 0.06, "tokens": 30},   # TPOT over 0.05
+        {"status": "ok", "ttft": 1.0, "tpot": None, "tokens": 1},    # one token: TTFT alone, on the limit: meets
+        {"status": "failed", "ttft": 0.1, "tpot": 0.01, "tokens": 5},  # failed: a miss whatever its times
+        {"status": "unfinished", "ttft": None, "tpot": None, "tokens": 0},
+    ]
+    g = ab.goodput(recs, 10.0, (1.0, 0.05))
+    assert g["goodput_tok_s"] == pytest.approx((10 + 1) / 10.0) and g["attained"] == pytest.approx(2 / 6)
+    assert math.isnan(ab.goodput([], 10.0, (1.0, 0.05))["attained"])
+
+
+def test_slo_option_and_the_goodput_columns(ab):
+    assert ab.parse_slo("1.5,0.05") == (1.5, 0.05)
+    for bad in ("1.5", "a,b", "0,0.05", "1,-1", "1,2,3"):
+        with pytest.raises(ab.argparse.ArgumentTypeError):
+            ab.parse_slo(bad)
+    # two configurations, one run each: alone's good tokens 40 of 10 s, ebctl's 60: goodput ratio 1.5
+    def run(name, good_tokens):
+        recs = [{"status": "ok", "ttft": 0.1, "tpot": 0.01, "tokens": good_tokens},
+                {"status": "ok", "ttft": 9.0, "tpot": 0.01, "tokens": 100}]
+        summary = {"tok_s": 14.0, "tok_s_last": 14.0, "ttft_p50": 0.1, "ttft_p99": 9.0, "tpot_p50": 0.01,
+                   "tpot_p99": 0.01, "completed": 2, "failed": 0, "unfinished": 0}
+        return {"config": name, "summary": summary, "records": recs}
+    text, summary = ab.table(["alone", "ebctl"], [run("alone", 40), run("ebctl", 60)], "alone", 5.0,
+                             slo=(1.0, 0.05), duration=10.0)
+    assert summary["ebctl"]["goodput_tok_s"] == 6.0 and summary["ebctl"]["attained"] == 0.5
+    assert summary["ebctl"]["goodput_ratio"][0] == pytest.approx(1.5)
+    assert "TTFT ≤ 1 s, TPOT ≤ 50 ms" in text.splitlines()[0] and "| 50.0% | 1.500 [1.500, 1.500] |" in text
+    plain, _ = ab.table(["alone"], [run("alone", 40)], "alone", 5.0)
+    assert "goodput" not in plain
