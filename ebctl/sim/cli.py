@@ -46,7 +46,8 @@ def simulate(
     time_scale: Annotated[float, typer.Option(help="Open loop: inter-arrival times × this.")] = 1.0,
     requests: Annotated[int, typer.Option(help="Requests per run.")] = 4000,
     policy_list: Annotated[str, typer.Option("--policies", help="Comma-separated: v0, mb, eb:k=K, eb:theta=X, "
-                                                                "eb-auto, eb+, default; a policy's options follow "
+                                                                "eb-auto, eb+, default, sglang:min-free-slots=K, "
+                                                                "sglang:pd-interval=N; a policy's options follow "
                                                                 "its colon, comma-separated too: "
                                                                 "v0,eb:theta=0.3,n=300.")] = DEFAULT_POLICIES,
     sweep_theta: Annotated[bool, typer.Option("--sweep-theta", help="Add eb:theta=X for X in 0.05..0.95, each at "
@@ -54,6 +55,10 @@ def simulate(
     sweep_n: Annotated[int, typer.Option(help="--sweep-theta's batch cap N (k = ⌊θN⌋); 0: Eq. 6's N̂* at each θ, "
                                               "as the controller computes it from the workload's lengths (at the "
                                               "engine's slots EB is stock wherever the KV cache fills first).")] = 0,
+    sweep_static: Annotated[bool, typer.Option("--sweep-static", help="Add what sglang ships instead of a "
+                                               "controller: v0, mb, sglang:min-free-slots=K (K = 2, 4, ... up to "
+                                               "half the slots), sglang:pd-interval=N (N = 1, 2, 4, ... 32); the "
+                                               "best of them is printed beside the others.")] = False,
     seed: Annotated[int, typer.Option(help="Workload sampling seed (the engine is deterministic).")] = 0,
     engine_rules: Annotated[str, typer.Option(help="Whose scheduler: sglang (0.5.23, the engine ebctl steers) "
                                                    "or vllm (V0 stock / v1 mixed, the paper's).")] = "sglang",
@@ -125,10 +130,14 @@ def simulate(
                     policies.eq6_caps(policies.theta_grid(), input_len=wl.input_len, output_len=wl.output_len,
                                       kv_tokens=kv, max_running=cfg.max_running))
             specs += [s for s in policies.theta_sweep(n=caps) if s not in specs]
+        if sweep_static:
+            specs += [s for s in policies.static_sweep(cfg.max_running) if s not in specs]
         if not specs:
             raise ValueError("no policies given")
-        for s in specs:  # parse them all before running any
-            policies.make(s, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+        for s in specs:  # parse them all before running any; a knob's flags must suit the engine's rules
+            src = policies.make(s, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+            if src.engine and cfg.rules != "sglang":
+                raise ValueError(f"policy {s!r} sets sglang's own flags: --engine-rules sglang only")
         if concurrency < 1:
             raise ValueError(f"--concurrency {concurrency}: must be >= 1")
     except (ValueError, OSError, profiles.ProfileError) as e:
@@ -153,6 +162,7 @@ def simulate(
               "engine": {"rules": cfg.rules, "max_running": cfg.max_running, "token_budget": cfg.token_budget,
                          "kv_tokens": cfg.kv_tokens, "block_size": cfg.page, "mixed_chunk": cfg.mixed_chunk},
               "cost_model": costs.describe(cm), "best_fixed_theta": best_theta(results),
+              "best_static": best_static(results),
               "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
               "winners": winners(results), "notes": notes(results, slo_ttft, slo_tpot)}
     if sweep_theta:
@@ -183,6 +193,22 @@ def best_theta(results: list[dict[str, Any]]) -> dict[str, Any] | None:
             "total_tok_per_s": best["total_tok_per_s"],
             "share": {r["policy"]: r["total_tok_per_s"] / best["total_tok_per_s"]
                       for r in results if policies.fixed_theta(r["policy"]) is None}}
+
+
+def best_static(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Among the settings with no controller (``policies.is_static``), the best by output tok/s and the best by
+    goodput, and each controller run's share of them; None unless both kinds ran."""
+    static = [r for r in results if policies.is_static(r["policy"])]
+    auto = [r for r in results if not policies.is_static(r["policy"])]
+    if not static or not auto:
+        return None
+    out: dict[str, Any] = {}
+    for key in ("tok_per_s", "goodput_req_per_s"):
+        best = max(static, key=lambda r: _get(r, (key,)) if math.isfinite(_get(r, (key,))) else -math.inf)
+        v = _get(best, (key,))
+        out[key] = {"policy": best["policy"], "value": v,
+                    "share": {r["policy"]: _get(r, (key,)) / v if v > 0 else math.nan for r in auto}}
+    return out
 
 
 def _schedule(r: dict[str, Any]) -> tuple:
@@ -323,6 +349,14 @@ def render(header: dict[str, Any], results: list[dict[str, Any]], console: Conso
                       "Llama-3.1-8B); SLO met: each objective alone", highlight=False)
     if header.get("winners") and len(results) > 1:
         console.print("best · " + " · ".join(_winner_text(w) for w in header["winners"]), highlight=False)
+    static = header.get("best_static")
+    if static:
+        t, g = static["tok_per_s"], static["goodput_req_per_s"]
+        console.print(f"best static setting · output tok/s: {t['policy']} ({t['value']:,.0f}); the controller's share "
+                      f"of it: {', '.join(f'{k} {v:.1%}' for k, v in t['share'].items())} · goodput: {g['policy']} "
+                      f"({g['value']:,.2f} req/s); the controller's share: "
+                      f"{', '.join(f'{k} {v:.1%}' if math.isfinite(v) else f'{k} -' for k, v in g['share'].items())}",
+                      highlight=False)
     best = header.get("best_fixed_theta")
     if best:
         shares = ", ".join(f"{k} {v:.1%}" for k, v in best["share"].items())

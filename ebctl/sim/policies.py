@@ -237,6 +237,22 @@ def fixed_theta(spec: str) -> float | None:
         return None
 
 
+PD_INTERVALS = (1, 2, 4, 8, 16, 32)  # --prefill-decode-interval values a sweep tries (sglang picks 22 for one model)
+
+
+def static_sweep(max_running: int) -> list[str]:
+    """What an operator can set instead of ebctl, one flag each: stock, mixed chunks (``mb``: the policy that
+    turns them on), ``sglang:min-free-slots=K`` for K = 2, 4, 8, ... up to half the slots, and
+    ``sglang:pd-interval=N`` for N in :data:`PD_INTERVALS`."""
+    ks = [2 ** i for i in range(1, max_running.bit_length()) if 2 ** i <= max_running // 2]
+    return ["v0", "mb", *(f"sglang:min-free-slots={k}" for k in ks), *(f"sglang:pd-interval={n}" for n in PD_INTERVALS)]
+
+
+def is_static(spec: str) -> bool:
+    """A setting with no controller: stock, mixed chunks, a fixed EB(k) or one of sglang's knobs."""
+    return spec.partition(":")[0].strip() in ("v0", "stock", "mb", "eb", "sglang")
+
+
 def theta_grid(lo: float = 0.05, hi: float = 0.95, step: float = 0.05) -> list[float]:
     """θ from lo to hi in steps, rounded to the hundredth the sweep's names carry."""
     return [round(lo + i * step, 2) for i in range(round((hi - lo) / step) + 1)]

@@ -41,6 +41,26 @@ def test_sweep_theta_adds_fixed_thetas_and_the_best():
     assert out["best_fixed_theta"]["policy"] in pol and 0 < out["best_fixed_theta"]["share"]["v0"] <= 1.001
 
 
+def test_sweep_static_adds_sglangs_knobs_and_names_the_best_of_them():
+    # 32 slots: K = 2, 4, 8, 16 (up to half the slots); N = 1, 2, 4, 8, 16, 32
+    small = ["--requests", "120", "--concurrency", "48", "--max-running", "32", "--kv-tokens", "60000",
+             "--no-progress"]
+    r = runner.invoke(app, [*small, "--policies", "eb-auto", "--sweep-static", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    pol = [x["policy"] for x in out["results"]]
+    assert pol == ["eb-auto", "v0", "mb", *(f"sglang:min-free-slots={k}" for k in (2, 4, 8, 16)),
+                   *(f"sglang:pd-interval={n}" for n in (1, 2, 4, 8, 16, 32))]
+    static = [x for x in out["results"] if x["policy"] != "eb-auto"]
+    best = max(static, key=lambda x: x["tok_per_s"])
+    auto = out["results"][0]
+    assert out["best_static"]["tok_per_s"]["policy"] == best["policy"]
+    assert out["best_static"]["tok_per_s"]["share"]["eb-auto"] == pytest.approx(auto["tok_per_s"] / best["tok_per_s"])
+    assert len({x["tok_per_s"] for x in static}) > 3  # the knobs reached the engine: not all stock's schedule
+    bad = runner.invoke(app, [*small, "--policies", "v0", "--sweep-static", "--engine-rules", "vllm"])
+    assert bad.exit_code == 2 and "sets sglang's own flags" in " ".join(bad.output.split())
+
+
 def test_table_and_trace(tmp_path):
     t = tmp_path / "t.csv"
     t.write_text("input_tokens,output_tokens,timestamp_s\n" + "".join(f"{50 + i},{20 + i % 7},{i * 0.01}\n"
