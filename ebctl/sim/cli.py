@@ -224,7 +224,8 @@ def _stock(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 # (what, key path, better: +1 higher / -1 lower)
 MEASURES = (("output tok/s", ("tok_per_s",), 1), ("TTFT p50", ("ttft_s", "p50"), -1),
             ("TTFT p99", ("ttft_s", "p99"), -1), ("TPOT p99", ("tpot_s", "p99"), -1),
-            ("ITL p99", ("itl_s", "p99"), -1), ("goodput", ("goodput_frac",), 1))
+            ("ITL p99", ("itl_s", "p99"), -1), ("stall p99", ("max_gap_s", "p99"), -1),
+            ("goodput", ("goodput_frac",), 1))
 
 
 def _get(r: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -316,11 +317,13 @@ def render(header: dict[str, Any], results: list[dict[str, Any]], console: Conso
     """The table (throughput and latency side by side, led by the policy, split into parts on a narrow terminal),
     then the SLO, which policy wins on which measure, and notes."""
     stock = _stock(results)
-    cols = ("policy", "out tok/s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p99 ms", "goodput",
+    cols = ("policy", "out tok/s", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p99 ms", "stall p50/p99 ms", "goodput",
             "SLO met TTFT/TPOT", "total tok/s", "req/s", "preempt", "peak KV", "mode / k·N")
     rows = [(r["policy"], _vs(r, stock), f"{_f(r['ttft_s']['p50'])}/{_f(r['ttft_s']['p99'])}",
              f"{_f(r['tpot_s']['p50'], 1e3, 1)}/{_f(r['tpot_s']['p99'], 1e3, 1)}",
-             _f(r["itl_s"]["p99"], 1e3, 1), f"{r['goodput_frac']:.0%}",
+             _f(r["itl_s"]["p99"], 1e3, 1),
+             f"{_f(_get(r, ('max_gap_s', 'p50')), 1e3, 0)}/{_f(_get(r, ('max_gap_s', 'p99')), 1e3, 0)}",
+             f"{r['goodput_frac']:.0%}",
              f"{_share(r, 'ttft_slo_frac')}/{_share(r, 'tpot_slo_frac')}", _f(r["total_tok_per_s"], digits=0),
              _f(r["req_per_s"]), str(r["preemptions"]), f"{r['peak_kv_frac']:.0%}", _modes(r)) for r in results]
 
@@ -346,7 +349,8 @@ def render(header: dict[str, Any], results: list[dict[str, Any]], console: Conso
     if slo:
         console.print(f"goodput: the share of requests with TTFT ≤ {slo['ttft_s']:g} s and TPOT ≤ "
                       f"{slo['tpot_s'] * 1e3:g} ms (--slo-ttft, --slo-tpot; default: MLPerf's server limits for "
-                      "Llama-3.1-8B); SLO met: each objective alone", highlight=False)
+                      "Llama-3.1-8B); SLO met: each objective alone; stall: each request's longest gap between "
+                      "two of its tokens", highlight=False)
     if header.get("winners") and len(results) > 1:
         console.print("best · " + " · ".join(_winner_text(w) for w in header["winners"]), highlight=False)
     static = header.get("best_static")

@@ -93,6 +93,7 @@ class Requests:
         self.finish: list[float] = []
         self.generated: list[int] = []  # tokens produced before a preemption (re-prefilled on return)
         self.last_token: list[float] = []
+        self.max_gap: list[float] = []  # the largest gap between two of its tokens so far (a preemption's included)
         self.preempted: list[int] = []
         self.reason: list[str] = []
 
@@ -102,7 +103,7 @@ class Requests:
     def add(self, input_len: int, output_len: int, arrival: float) -> int:
         for lst, v in ((self.input_len, input_len), (self.output_len, output_len), (self.arrival, arrival),
                        (self.enqueued, arrival), (self.first_token, math.nan), (self.finish, math.nan),
-                       (self.generated, 0), (self.last_token, math.nan), (self.preempted, 0),
+                       (self.generated, 0), (self.last_token, math.nan), (self.max_gap, 0.0), (self.preempted, 0),
                        (self.reason, "")):
             lst.append(v)
         return len(self.input_len) - 1
@@ -110,7 +111,7 @@ class Requests:
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(getattr(self, k)) for k in
                 ("input_len", "output_len", "arrival", "first_token", "finish", "generated", "preempted",
-                 "reason")}
+                 "reason", "max_gap")}
 
 
 class Engine:
@@ -138,6 +139,7 @@ class Engine:
         self.blocks = np.zeros(n, dtype=np.int64)
         self.seq = np.full(n, -1, dtype=np.int64)  # admission order, -1 on free slots
         self.last_tok = np.zeros(n, dtype=np.float64)
+        self.gap_max = np.zeros(n, dtype=np.float64)  # per slot: its request's largest inter-token gap so far
         self.dec = np.zeros(n, dtype=bool)  # decoding rows
         self.pf_left = [0] * n
         self.pf_total = [0] * n
@@ -202,7 +204,9 @@ class Engine:
         if rows is not None:
             self.left -= rows
             self.out += rows
-            self._keep_itl(t - self.last_tok[rows])
+            gaps = t - self.last_tok[rows]
+            self._keep_itl(gaps)
+            self.gap_max[rows] = np.maximum(self.gap_max[rows], gaps)
             np.putmask(self.last_tok, rows, t)
             self.tokens_out += batch.decode_ctx.size
             for s in np.flatnonzero(rows & (self.left == 0)).tolist():
@@ -239,6 +243,7 @@ class Engine:
             else req.output_len[r]
         self.seq[s] = self._admitted
         self.last_tok[s] = req.last_token[r]
+        self.gap_max[s] = req.max_gap[r]
         self._admitted += 1
         self.pf_left[s] = self.pf_total[s] = p
         self._prefilling.append(s)
@@ -270,6 +275,7 @@ class Engine:
         req = self.req
         req.generated[r] = int(req.output_len[r] - self.left[s])
         req.last_token[r] = float(self.last_tok[s])
+        req.max_gap[r] = float(self.gap_max[s])
         req.preempted[r] += 1
         req.enqueued[r] = now
         if s in self._prefilling:
@@ -295,7 +301,9 @@ class Engine:
         if math.isnan(self.req.first_token[r]):
             self.req.first_token[r] = t
         else:
-            self._keep_itl(np.array([t - self.last_tok[s]]))
+            gap = t - self.last_tok[s]
+            self._keep_itl(np.array([gap]))
+            self.gap_max[s] = max(self.gap_max[s], gap)
         self.last_tok[s] = t
         if self.left[s] == 0:
             self._finish(s, t, "stop", finished)
@@ -306,6 +314,7 @@ class Engine:
         r = int(self.rid[s])
         req = self.req
         req.finish[r], req.reason[r] = t, reason
+        req.max_gap[r] = float(self.gap_max[s])
         finished.append(FinishedRequest(req.input_len[r], req.output_len[r], reason,
                                         req.first_token[r] - req.arrival[r]))
         self.last_finished.append(r)

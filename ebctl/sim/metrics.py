@@ -62,6 +62,8 @@ def summarize(req: dict[str, np.ndarray], itl: np.ndarray, *, slo_ttft: float, s
         "makespan_s": span, "tok_per_s": out_tok / span, "total_tok_per_s": (in_tok + out_tok) / span,
         "req_per_s": float(np.count_nonzero(ok)) / span,
         "ttft_s": percentiles(ttft[ok]), "tpot_s": percentiles(tpot[ok]), "itl_s": percentiles(itl),
+        # per request, the longest its stream stalled: what a user sees as a freeze (sglang #31395)
+        "max_gap_s": percentiles(req["max_gap"][ok & (out > 1)]) if "max_gap" in req else percentiles(np.array([])),
         "goodput_req_per_s": good / span, "goodput_frac": good / n if n else math.nan,
         "ttft_slo_frac": float(np.mean(ttft_ok)) if n else math.nan,
         "tpot_slo_frac": float(np.mean(tpot_ok)) if n else math.nan,

@@ -263,3 +263,17 @@ def test_prefill_decode_interval_with_nothing_running_does_not_wait():
     assert first.finished
     eng.add(5, 3, 1.0)
     assert eng.step(1.0).prefill_reqs == 1
+
+
+def test_each_requests_longest_gap_between_tokens():
+    # Unit steps: A (10 tokens out) is prefilled in step 0 (token at t = 1), decodes at t = 2, 3. B (150 tokens)
+    # arrives at t = 3; with no mixing its three chunks (64, 64, 22) run alone in steps 3-5 (B's first token at
+    # t = 6), so A's next token comes at t = 7: A stalled 7 − 3 = 4 s. After that both decode every step
+    # (B: t = 7..10, gaps of 1 s).
+    eng = _engine(token_budget=64)
+    eng.add(5, 10, 0.0)
+    reps = _run(eng, 3)
+    eng.add(150, 5, 3.0)
+    reps += _run_from(eng, 3, 11)
+    arr = eng.req.arrays()
+    assert list(arr["finish"]) == [13.0, 10.0] and list(arr["max_gap"]) == [4.0, 1.0]
