@@ -1,0 +1,53 @@
+"""tools/sim_knobs.py: goodput at a target pair, the tight pair from stock's latencies, and the cell's best static
+setting, on hand-made runs; then its --quick run (what CI runs of it; the full table is docs/results/sim_knobs.md)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "sim_knobs.py"
+
+
+@pytest.fixture(scope="module")
+def knobs():
+    spec = importlib.util.spec_from_file_location("sim_knobs", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(policy, tok_per_s, ttft, tpot, out, makespan=10.0):
+    return {"policy": policy, "tok_per_s": tok_per_s, "makespan_s": makespan, "ttft": np.array(ttft, float),
+            "tpot": np.array(tpot, float), "out": np.array(out, float)}
+
+
+def test_goodput_and_the_tight_pair(knobs):
+    # requests: (TTFT, TPOT, tokens) = (1, 0.05, 10) met; (3, 0.05, 20) TTFT late; (1, 0.2, 30) TPOT slow;
+    # (1, nan, 1) one token: TTFT alone, met; an aborted one (TTFT nan): missed. Targets (2 s, 0.1 s).
+    r = run("v0", 0.0, [1, 3, 1, 1, np.nan], [0.05, 0.05, 0.2, np.nan, np.nan], [10, 20, 30, 1, 5])
+    assert knobs.goodput(r, (2.0, 0.1)) == pytest.approx(((10 + 1) / 10.0, 2 / 5))
+    # stock's p75 of TTFT (1, 3, 1, 1: numpy's linear rule → 1.5) and p90 of TPOT (0.05, 0.05, 0.2 → 0.17)
+    assert knobs.tight_slo(r) == pytest.approx((1.5, 0.17))
+
+
+def test_the_best_static_setting_of_a_cell(knobs):
+    runs = {"default": run("default", 95.0, [1, 1], [0.05, 0.05], [10, 10]),
+            "v0": run("v0", 90.0, [1, 20], [0.05, 0.05], [10, 10]),
+            "sglang:min-free-slots=4": run("sglang:min-free-slots=4", 100.0, [20, 20], [0.05, 0.05], [10, 10])}
+    row = knobs.cell_row(runs)
+    assert row["tok"] == (95.0, "sglang:min-free-slots=4", 100.0)
+    # at the paper's 10 s the knob's requests both miss TTFT, stock's first meets: best static v0, 1 tok/s
+    assert row["paper"]["best"] == "v0" and row["paper"]["best_good"] == pytest.approx((1.0, 0.5))
+    assert row["paper"]["ctl"] == pytest.approx((2.0, 1.0))
+
+
+def test_quick_run_prints_the_table():
+    p = subprocess.run([sys.executable, str(TOOL), "--quick", "--jobs", "1"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "| balanced | 512 |" in p.stdout and "| decode-heavy | 512 |" in p.stdout
+    assert "Lowest default / best static" in p.stdout

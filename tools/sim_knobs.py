@@ -1,0 +1,149 @@
+"""The simulator's table "against SGLang's own knobs" (docs/results/sim_knobs.md), as Markdown.
+
+    .venv/bin/python tools/sim_knobs.py [--requests 3000] [--jobs 2] [--seed 0] [--quick]
+
+What an operator can set instead of ebctl, one flag each (``ebctl.sim.policies.static_sweep``: stock, mixed
+chunks, ``--min-free-slots-delay K`` for K = 2 ... 512, ``--prefill-decode-interval N`` for N = 1 ... 32), run
+beside the controller as a default install configures it (``default``), on qwen3-8b/rtx-pro-6000 and
+qwen3-8b/h200 (sglang's rules, N = 1,024 slots, B = 8,192 tokens, the GPU's KV capacity, the default cost
+model), the three synthetic mixes and the three shipped traces, closed loops of c = 256, 512, 2,048.
+
+Per cell: output tokens/s of the default and of the best static setting, and goodput (output tokens/s of the
+requests that met both targets; ``tools/ab_real.py --slo`` counts the same on the real server) at two target
+pairs: the paper's (TTFT ≤ 10 s, TPOT ≤ 100 ms, its Table 18) and a tight pair set per cell from stock's own
+latencies (TTFT ≤ stock's p75, TPOT ≤ stock's p90), with the best static setting's attainment (the share of
+requests meeting both) beside it. ``--quick``: one profile, two workloads, c = 512, 400 requests (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from ebctl import profiles
+from ebctl.sim import costs, hardware, policies, runner, workloads
+from ebctl.sim.engine import EngineConfig
+
+PROFILES = ("qwen3-8b/rtx-pro-6000", "qwen3-8b/h200")
+MIXES = ("prefill-heavy", "balanced", "decode-heavy", "azure-code", "azure-conv", "mooncake-conv")
+CONCURRENCY = (256, 512, 2048)
+PAPER_SLO = (10.0, 0.1)  # the paper's Table 18: TTFT < 10 s, TPOT < 100 ms
+CONTROLLER = "default"
+
+
+@functools.cache
+def _setup(profile: str):
+    prof = profiles.load(profile)
+    return prof, costs.build(prof), hardware.kv_capacity_tokens(prof.model, prof.gpu)
+
+
+def job(profile: str, workload: str, conc: int, spec: str, requests: int, seed: int) -> dict:
+    """One run; the per-request TTFT, TPOT and output length that goodput at any targets needs."""
+    prof, cm, kv = _setup(profile)
+    cfg = EngineConfig(kv_tokens=kv)
+    wl = workloads.load(workload, requests, seed=seed)
+    src = policies.make(spec, max_running=cfg.max_running, kv_tokens=cfg.kv_tokens, costs=prof.costs)
+    res = runner.run(wl, src, cm, cfg, concurrency=conc, keep_engine=True)
+    req = res.pop("_engine").req.arrays()
+    ok = req["reason"] != "abort"
+    out = req["output_len"].astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (req["finish"] - req["first_token"]) / (out - 1), np.nan)
+    return {"profile": profile, "workload": workload, "conc": conc, "policy": spec,
+            "tok_per_s": res["tok_per_s"], "makespan_s": res["makespan_s"],
+            "ttft": np.where(ok, req["first_token"] - req["arrival"], np.nan), "tpot": tpot, "out": out}
+
+
+def goodput(r: dict, slo: tuple[float, float]) -> tuple[float, float]:
+    """(output tok/s of the requests within both targets, their share of the requests): ab_real.goodput's rule
+    (a one-token request has no TPOT: its TTFT alone)."""
+    met = (r["ttft"] <= slo[0]) & (np.isnan(r["tpot"]) | (r["tpot"] <= slo[1])) & np.isfinite(r["ttft"])
+    return float(r["out"][met].sum() / r["makespan_s"]), float(met.mean())
+
+
+def tight_slo(stock: dict) -> tuple[float, float]:
+    """The cell's tight pair, from stock's own latencies: TTFT ≤ its p75, TPOT ≤ its p90."""
+    return float(np.nanpercentile(stock["ttft"], 75)), float(np.nanpercentile(stock["tpot"], 90))
+
+
+def cell_row(runs: dict[str, dict]) -> dict:
+    """The default against the best static setting of one cell: by output tok/s, and by goodput at each pair."""
+    static = {s: r for s, r in runs.items() if s != CONTROLLER}
+    ctl = runs[CONTROLLER]
+    best_tok = max(static, key=lambda s: static[s]["tok_per_s"])
+    row = {"tok": (ctl["tok_per_s"], best_tok, static[best_tok]["tok_per_s"])}
+    for name, slo in (("paper", PAPER_SLO), ("tight", tight_slo(runs["v0"]))):
+        good = {s: goodput(r, slo) for s, r in static.items()}
+        best = max(good, key=lambda s: good[s][0])
+        row[name] = {"slo": slo, "ctl": goodput(ctl, slo), "best": best, "best_good": good[best]}
+    return row
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1%}" if b > 0 else ("= (both 0)" if a == 0 else "-")
+
+
+def _short(spec: str) -> str:
+    return spec.replace("sglang:min-free-slots=", "mfsd ").replace("sglang:pd-interval=", "pdi ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="one profile, two workloads, c = 512, 400 requests")
+    a = ap.parse_args(argv)
+    prof_list, mixes, concs = (PROFILES[:1], MIXES[1:3], (512,)) if a.quick else (PROFILES, MIXES, CONCURRENCY)
+    n = 400 if a.quick else a.requests
+    specs = [CONTROLLER, *policies.static_sweep(EngineConfig().max_running)]
+    jobs = [(p, w, c, s, n, a.seed) for p in prof_list for w in mixes for c in concs for s in specs]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=a.jobs) as ex:
+        results = list(ex.map(job, *zip(*jobs, strict=True), chunksize=2))
+    got: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        got.setdefault((r["profile"], r["workload"], r["conc"]), {})[r["policy"]] = r
+    cmd = "python tools/sim_knobs.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"Made by `{cmd.strip()}` ({n:,} requests per run, seed {a.seed}; {len(jobs)} runs in "
+          f"{time.perf_counter() - t0:.0f} s). Engine: sglang's rules, N = 1,024 slots, B = 8,192 tokens, the GPU's "
+          f"KV capacity, the default cost model. Static settings: {', '.join(_short(s) for s in specs[1:])}. "
+          "Goodput: output tok/s of the requests meeting both targets; paper: TTFT ≤ 10 s and TPOT ≤ 100 ms; "
+          "tight: TTFT ≤ stock's p75 and TPOT ≤ stock's p90 in that cell; attained: the share of requests the "
+          "best static setting got within both.\n")
+    worst = {"tok": 1e9, "paper": 1e9, "tight": 1e9}
+    for p in prof_list:
+        print(f"*{p}*\n")
+        print("| workload | c | default tok/s | best static (tok/s) | default / best | paper SLO: default goodput "
+              "| best static (goodput, attained) | default / best | tight SLO (TTFT s, TPOT ms) | default goodput "
+              "| best static (goodput, attained) | default / best |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for w in mixes:
+            for c in concs:
+                row = cell_row(got[(p, w, c)])
+                ctl, best, best_tok = row["tok"]
+                cells = [f"| {w} | {c} | {ctl:,.0f} | {_short(best)} ({best_tok:,.0f}) | {_ratio(ctl, best_tok)} "]
+                worst["tok"] = min(worst["tok"], ctl / best_tok)
+                for name in ("paper", "tight"):
+                    x = row[name]
+                    g, att = x["best_good"]
+                    if name == "tight":
+                        cells.append(f"| {x['slo'][0]:.2f}, {x['slo'][1] * 1e3:.0f} ")
+                    cells.append(f"| {x['ctl'][0]:,.0f} | {_short(x['best'])} ({g:,.0f}, {att:.0%}) "
+                                 f"| {_ratio(x['ctl'][0], g)} ")
+                    if g > 0:
+                        worst[name] = min(worst[name], x["ctl"][0] / g)
+                print("".join(cells) + "|")
+        print()
+    print(f"Lowest default / best static: output tok/s {worst['tok']:.1%}, goodput at the paper's targets "
+          f"{worst['paper']:.1%}, at the tight pair {worst['tight']:.1%} (cells where the best static got some).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
