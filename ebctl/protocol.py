@@ -47,6 +47,7 @@ class FinishedRequest(msgspec.Struct, frozen=True, array_like=True, gc=False):
     output_len: int
     finish_reason: str = "stop"  # "stop" (EOS / stop string), "length" (max_new_tokens), "abort"
     ttft_s: float = math.nan
+    tpot_s: float = math.nan  # (last token − first token) / (output − 1); NaN for one token or unmeasured
 
 
 class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=False):

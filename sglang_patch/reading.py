@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, NamedTuple
 
 from ebctl.protocol import BatchKind, FinishedRequest
@@ -79,7 +80,9 @@ def kv_used_reader(sched: Any) -> Callable[[], int]:
 
 
 def finished_request(req: Any) -> FinishedRequest | None:
-    """The report entry of a request that ended; None for sglang's own health checks."""
+    """The report entry of a request that ended; None for sglang's own health checks. Its times come from the
+    request's ``time_stats`` (``observability/req_time_stats.py`` 612-660, ``time.perf_counter``): TTFT from the
+    scheduler's receipt to the end of its prefill, TPOT from there to now over the tokens after the first."""
     rid = req.rid
     if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_PREFIX):
         return None
@@ -90,7 +93,9 @@ def finished_request(req: Any) -> FinishedRequest | None:
     first = ts.prefill_finished_time
     start = ts.scheduler_recv_time or ts.wait_queue_entry_time
     ttft = first - start if first > 0.0 and start > 0.0 else math.nan
-    return FinishedRequest(len(req.origin_input_ids), out, reason, ttft)
+    # read as the batch that made its last token is processed: the clock of time_stats (perf_counter)
+    tpot = (perf_counter() - first) / (out - 1) if first > 0.0 and out > 1 and reason != "abort" else math.nan
+    return FinishedRequest(len(req.origin_input_ids), out, reason, ttft, tpot)
 
 
 def _reason_json(fr: Any) -> str:

@@ -315,8 +315,9 @@ class Engine:
         req = self.req
         req.finish[r], req.reason[r] = t, reason
         req.max_gap[r] = float(self.gap_max[s])
-        finished.append(FinishedRequest(req.input_len[r], req.output_len[r], reason,
-                                        req.first_token[r] - req.arrival[r]))
+        out = req.output_len[r]
+        finished.append(FinishedRequest(req.input_len[r], out, reason, req.first_token[r] - req.arrival[r],
+                                        (t - req.first_token[r]) / (out - 1) if out > 1 else math.nan))
         self.last_finished.append(r)
         self._release(s)
 

@@ -9,6 +9,7 @@ anyway, logs once with the traceback, restores the launch settings and leaves th
 from __future__ import annotations
 
 import logging
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -439,3 +440,16 @@ def _install_in_child() -> bool:
     from sglang_patch import shutdown
 
     return shutdown.install()
+
+
+def test_a_finished_requests_tpot_is_its_decode_time_over_the_tokens_after_the_first():
+    # time_stats on sglang's clock (perf_counter): prefill ended 0.4 s ago, 5 tokens out → 4 gaps of 0.1 s
+    from time import perf_counter
+    r = req("t", n_out=5, done=True)
+    r.time_stats.prefill_finished_time = perf_counter() - 0.4
+    f = reading.finished_request(r)
+    assert f.tpot_s == pytest.approx(0.1, abs=0.01) and f.output_len == 5
+    one = req("u", n_out=1, done=True)
+    assert math.isnan(reading.finished_request(one).tpot_s)  # one token: no TPOT
+    aborted = req("v", n_out=3)
+    assert math.isnan(reading.finished_request(aborted).tpot_s)  # finished_reason None: an abort

@@ -277,3 +277,5 @@ def test_each_requests_longest_gap_between_tokens():
     reps += _run_from(eng, 3, 11)
     arr = eng.req.arrays()
     assert list(arr["finish"]) == [13.0, 10.0] and list(arr["max_gap"]) == [4.0, 1.0]
+    # the reports' TPOT: (last token − first) / (output − 1): B (10 − 6) / 4, A (13 − 1) / 9
+    assert [(f.output_len, f.tpot_s) for r in reps for f in r.finished] == [(5, 1.0), (10, pytest.approx(12 / 9))]
