@@ -1,9 +1,11 @@
 """Algorithm 1 (appendix D.7) with the EB+ mode rule (Eq. 8): iteration reports in, a ``Policy`` out.
 
-The threshold comes from a closed form (``theta_method`` paper = θ0 + Δθ, Eq. 3 + 5; cfr = θ0; exact-fluid) or,
-with ``measured``, from the engine's own throughput (``ebctl.tuner``: the closed forms are its prior; it starts
-at the stock engine and moves only on a measured gain). In eb+ mode, short probes of the other mode keep the
-cost fits Eq. 8 compares current (``ebctl.probe``).
+Algorithm 1 itself is a pure decision (``ebctl.decide``); this object keeps the windows and fits it reads
+(``observe``), hands it a snapshot, and issues the policy (``update``). The threshold comes from a closed form
+(``theta_method`` paper = θ0 + Δθ, Eq. 3 + 5; cfr = θ0; exact-fluid) or, with ``measured``, from the engine's
+own throughput (``ebctl.tuner``: the closed forms are its prior; it starts at the stock engine and moves only on
+a measured gain). In eb+ mode, short probes of the other mode keep the cost fits Eq. 8 compares current
+(``ebctl.probe``).
 
 Pure: the caller passes every report and the current time; nothing here reads a clock, a file or the
 environment. ``update`` never raises and never publishes a NaN: whatever fails keeps the last good value
@@ -16,7 +18,8 @@ import math
 
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
-from ebctl.estimate import Ema, HazardFit, LengthWindow, RecentRate, fit_hazard
+from ebctl.decide import Carry, Snapshot, decide, eq6, kv_reserve, pinned
+from ebctl.estimate import Ema, LengthWindow, RecentRate
 from ebctl.params import ControllerParams, Fit, OperatorMode, ThetaMethod
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
@@ -29,7 +32,6 @@ __all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMo
 COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
 MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 DECODE_STEP_ALPHA = 0.05  # EMA weight of the measured decode iteration time
-MODE_Z = 2.0  # eb+ switches only when Eq. 8's margin clears its band by this many standard errors as well
 N_OBS_SHIFT = 1.5  # eb+ updates at once when N_obs moved by this factor since the last update
 WAITING_ALPHA = 0.01  # EMA weight of "requests waited" per non-idle iteration (eb+ probes only when saturated)
 RATE_HORIZON_S = 60.0  # status: the engine's output tokens/s over this many seconds
@@ -70,15 +72,9 @@ class Controller(Steering):
         self.errors = 0
         self.last_error = ""
         self.last_wall = math.nan  # the newest report's wall time (status has no clock of its own)
-        self.hazard: HazardFit | None = None
         self.fit: Fit | None = None
-        self.theta_star = params.theta_default
-        self.n_star = self.n_limit
-        self.vbar: float | None = None  # Eq. 6's v̄ from the window's variances (n_variance = "measured")
-        self.n_changed_at = -math.inf
-        self.eb_mode = params.mode != "mb"  # EB+ state
-        self.updates_since_switch = params.mode_cooldown + 1  # no switch yet: nothing is cooling down
-        self.eq8_band = math.nan  # eb+: how far Eq. 8's margin must clear 0 to switch (s/token)
+        self.carry = Carry.initial(params, self.n_limit)  # what one decision hands the next (``ebctl.decide``)
+        self.vbar: float | None = None  # Eq. 6's v̄ of the last decision (n_variance = "measured"): the arms' N
         self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
         self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
         self._arms_trial = -1
@@ -94,10 +90,7 @@ class Controller(Steering):
 
     def _pinned(self, n: int, k: int) -> tuple[int, int]:
         """Apply the operator's overrides; 1 <= k <= n <= the engine's limit."""
-        p = self.params
-        n = min(p.n_override or n, self.n_limit)
-        k = p.k_override or k
-        return n, min(max(1, k), n)
+        return pinned(self.params, self.n_limit, n, k)
 
     @property
     def measured(self) -> bool:
@@ -240,50 +233,21 @@ class Controller(Steering):
         return c.costs, c.source
 
     def _refit(self, now: float) -> Fit:
-        """The estimates and the closed-form policy (Algorithm 1); with ``measured``, the tuner's context."""
+        """Algorithm 1 on a snapshot of the windows, the costs and the engine (``ebctl.decide``); with
+        ``measured``, the tuner's context."""
         p = self.params
         costs, cost_source = self.costs()
         self.n_obs_at_update = self.n_obs.value
-        hz = fit_hazard(self.window.outputs(), discrete_correction=p.discrete_correction)
-        self.hazard = hz
-        ins, outs = self.window.inputs(), self.window.outputs()
-        mu_l = float(ins.mean())
-        mu_o = hz.mu_o
-        var_l, var_o = float(ins.var()), float(outs.var())
-        self.vbar = model.vbar_moments(mu_l, var_l, float(outs.mean()), var_o) if p.n_variance == "measured" else None
-        p0 = hz.p0 if hz.p0 > 0 else 1.0 / max(mu_o, 1.0)
-        p0 = min(p0, 1.0)
-        reasons = [] if hz.ok else [f"hazard fit: {hz.reason}"]
-
-        theta0 = self._theta0(costs, p0)
-        d_theta = 0.0
-        paper = p.theta_method in ("paper", "measured")  # the measured method's prior is the paper's form
-        if paper and hz.ok and hz.eta > 0 and hz.eta >= p.min_eta_t * hz.eta_se:
-            d_theta = model.delta_theta(theta0, p0, hz.eta, costs.alpha_d, costs.beta_d, self.n_star)
-        elif paper and hz.eta <= 0:
-            reasons.append("hazard not increasing: CFR threshold")
-        elif paper:
-            reasons.append(f"IFR not significant (eta/se={hz.eta / hz.eta_se:.1f}): CFR threshold")
-        if p.theta_method == "exact-fluid":
-            raw = model.theta_exact_fluid(p0, hz.eta if hz.ok else 0.0, costs.alpha_p, costs.beta_p,
-                                          costs.alpha_d, costs.beta_d, mu_l, self.n_star)
-        else:
-            raw = theta0 + d_theta
-        theta_star = min(max(raw, p.theta_min), p.theta_max)
-        if not math.isfinite(theta_star):
-            raise ValueError(f"theta* not finite (theta0={theta0}, dtheta={d_theta})")
-        self.theta_star = theta_star
-
-        n_star = self._batch_size(now, theta_star, p0, mu_l, reasons)
-        n_max, k = self._pinned(n_star, math.floor(theta_star * n_star))
-        if p.k_override or p.n_override:
-            reasons.append(f"pinned by operator: k={k}, n_max={n_max}")
-        se = (math.sqrt(var_l / len(ins)), math.sqrt(var_o / len(outs)))
-        mode, lhs, rhs = self._mode(theta0, costs, p0, mu_l, mu_o, n_star, se, reasons)
+        snap = Snapshot(now=now, inputs=self.window.inputs(), outputs=self.window.outputs(), costs=costs,
+                        cost_source=cost_source,
+                        eq8_costs=self.eq8_cost_choice().costs if p.mode == "eb+" else None, n_limit=self.n_limit,
+                        kv_total=self.kv_total, n_obs=self.n_obs.value, mixed_unavailable=self.mixed_unavailable)
+        d = decide(snap, self.carry, p)
+        self.carry, self.vbar, fit = d.carry, d.vbar, d.fit
         if self.measured:
-            self._tuner_context(mu_l, mu_o, [theta_star, min(max(theta0, p.theta_min), p.theta_max)], mode)
-        return Fit(p0, hz, mu_l, mu_o, theta0, d_theta, theta_star, n_max, k, mode, self._kv_reserve(n_star, mu_o),
-                   lhs, rhs, costs, cost_source, tuple(reasons))
+            self._tuner_context(fit.mu_l, fit.mu_o, [fit.theta, min(max(fit.theta0, p.theta_min), p.theta_max)],
+                                fit.mode)
+        return fit
 
     def _issue(self, now: float) -> Policy:
         """The policy of the last fit: the closed form's, or the tuner's arm; a probe's mode on top."""
@@ -318,97 +282,11 @@ class Controller(Steering):
 
     def _kv_reserve(self, n: int, mu_o: float) -> float:
         """Eq. 23's KV reserve at batch size n (0 while the KV capacity is unknown)."""
-        p = self.params
-        kv_total = p.kv_capacity_tokens or self.kv_total
-        if kv_total <= 0:
-            return 0.0
-        return model.kv_reserve_fraction(n=n, mu_o=mu_o, block_size=1, total_blocks=kv_total, s_kv=p.kv_s,
-                                         f0=p.kv_f0)
+        return kv_reserve(self.params, self.kv_total, n, mu_o)
 
     def _eq6(self, theta: float, p0: float, mu_l: float) -> int:
-        """Eq. 6 at θ, clipped to [floor, the engine's limit] (the limit while the KV capacity is unknown)."""
-        p = self.params
-        limit = self.n_limit
-        floor = max(1, math.ceil(p.n_floor_frac * limit))
-        cap = p.kv_capacity_tokens or self.kv_total
-        target = limit if cap <= 0 else model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound, vbar_=self.vbar)
-        return min(max(target, floor), limit)
-
-    def _batch_size(self, now: float, theta: float, p0: float, mu_l: float, reasons: list[str]) -> int:
-        """Eq. 6 clipped to [floor, the engine's limit], changed at most every n_min_interval_s."""
-        p = self.params
-        cap = p.kv_capacity_tokens or self.kv_total
-        if cap <= 0:
-            reasons.append("KV capacity unknown: N = engine limit")
-        else:
-            floor = max(1, math.ceil(p.n_floor_frac * self.n_limit))
-            raw = model.n_star(cap, p.eps, theta, p0, mu_l, bound=p.n_bound, vbar_=self.vbar)
-            if raw < floor:
-                reasons.append(f"N*={raw} below floor {floor}")
-        target = self._eq6(theta, p0, mu_l)
-        if target != self.n_star and now - self.n_changed_at >= p.n_min_interval_s:
-            self.n_star, self.n_changed_at = target, now
-        return self.n_star
-
-    def _theta0(self, costs: model.Costs, p0: float) -> float:
-        """Eq. 3's θ0 at γ = p0·α_p/α_d (θ_min when α_p is 0: no cycle cost to spread)."""
-        return model.theta0(p0 * costs.alpha_p / costs.alpha_d) if costs.alpha_p > 0 else self.params.theta_min
-
-    def _mode(self, theta0: float, theta_costs: model.Costs, p0: float, mu_l: float, mu_o: float, n: int,
-              se: tuple[float, float], reasons: list[str]) -> tuple[Mode, float, float]:
-        """The operator's mode, or for eb+ the Eq. 8 rule with hysteresis and a cooldown, on its own costs
-        (``eq8_cost_choice``). ``theta0``: Eq. 3's at ``p0`` on ``theta_costs``; ``se``: the standard errors of
-        μ̂_L and μ̂_O (σ/√W)."""
-        p = self.params
-        if p.mode != "eb+":
-            return Mode(p.mode), math.nan, math.nan
-        costs = self.eq8_cost_choice().costs
-        if costs != theta_costs:  # the profile's until the mixed fit passes: θ0 on the same costs as the rest
-            theta0 = self._theta0(costs, p0)
-        n_obs = self.n_obs.value if math.isfinite(self.n_obs.value) and self.n_obs.value >= 1 else float(n)
-        if not costs.has_mixed:
-            reasons.append("mixed cost unknown: eb")
-            return Mode.EB, math.nan, math.nan
-
-        def criterion(ml: float, mo: float) -> tuple[float, float]:
-            # θ0 (Eq. 3) with p0 scaled by μ_O/mo, to first order: Ψ(θ0) = γ, dθ0/dγ = 1/Ψ'(θ0) = (1−θ0)²/θ0
-            th0 = theta0
-            if mo != mu_o and costs.alpha_p > 0:
-                gamma = p0 * costs.alpha_p / costs.alpha_d
-                th0 = min(max(theta0 + (1 - theta0) ** 2 / theta0 * gamma * (mu_o / mo - 1), 1e-9), 1 - 1e-9)
-            lhs, rhs = model.eb_criterion(theta=th0, n=n_obs, alpha_p=costs.alpha_p, beta_p=costs.beta_p,
-                                          alpha_d=costs.alpha_d, beta_d=costs.beta_d, alpha_mb=costs.alpha_mb,
-                                          beta_mb=model.beta_mb_e(mo / (ml + mo), costs.c0, costs.c1, costs.c2),
-                                          mu_l=ml, mu_o=mo)
-            return lhs, rhs + p.delta
-
-        lhs, rhs = criterion(mu_l, mu_o)
-        band = p.mode_hysteresis * model.beta_eb_w(beta_p=costs.beta_p, beta_d=costs.beta_d, mu_l=mu_l, mu_o=mu_o)
-        band = max(band, MODE_Z * self._margin_se(criterion, mu_l, mu_o, se))
-        self.eq8_band = band
-        self.updates_since_switch += 1
-        want_eb = lhs > rhs + band if not self.eb_mode else lhs > rhs - band
-        if want_eb != self.eb_mode and self.updates_since_switch > p.mode_cooldown:
-            self.eb_mode, self.updates_since_switch = want_eb, 0
-        if self.mixed_unavailable and not self.eb_mode:
-            reasons.append("mb unavailable on this engine: eb")
-            return Mode.EB, lhs, rhs
-        return (Mode.EB if self.eb_mode else Mode.MB), lhs, rhs
-
-    @staticmethod
-    def _margin_se(criterion, mu_l: float, mu_o: float, se: tuple[float, float]) -> float:
-        """The standard error of Eq. 8's margin (lhs − rhs) from the window's sampling noise in μ̂_L and μ̂_O
-        (delta method, central differences of ±1 se; L and O taken as independent)."""
-        def margin(ml: float, mo: float) -> float:
-            lhs, rhs = criterion(ml, mo)
-            return lhs - rhs
-
-        var = 0.0
-        if math.isfinite(se[0]) and 0 < se[0] < mu_l:
-            var += ((margin(mu_l + se[0], mu_o) - margin(mu_l - se[0], mu_o)) / 2) ** 2
-        if math.isfinite(se[1]) and 0 < se[1] < mu_o:
-            var += ((margin(mu_l, mu_o + se[1]) - margin(mu_l, mu_o - se[1])) / 2) ** 2
-        return math.sqrt(var)
+        """Eq. 6 at θ, clipped to [floor, the engine's limit], with the last decision's v̄ (a tuner arm's N)."""
+        return eq6(self.params, self.n_limit, self.kv_total, theta, p0, mu_l, self.vbar)
 
     def _defer_clock(self, k: int, n: int, p0: float) -> float:
         """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected
@@ -447,7 +325,7 @@ class Controller(Steering):
         choice, eq8 = choices[0], choices[1] if len(choices) > 1 else None
         return {"reports": self.reports, "completions": self.completions, "updates": self.updates,
                 "errors": self.errors, "last_error": self.last_error, "window": len(self.window),
-                "n_obs": self.n_obs.value, "eq8_band": self.eq8_band, "kv_total": self.kv_total,
+                "n_obs": self.n_obs.value, "eq8_band": self.carry.eq8_band, "kv_total": self.kv_total,
                 "n_limit": self.n_limit,
                 "mixed_unavailable": self.mixed_unavailable, "cost_reason": f"{choice.source}: {choice.reason}",
                 "eq8_cost_reason": None if eq8 is None else f"{eq8.source}: {eq8.reason}",

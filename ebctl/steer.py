@@ -92,7 +92,7 @@ class Steering:
         if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
             target = Mode.EB
-        cooling = not self.measured and self.updates_since_switch <= p.mode_cooldown
+        cooling = not self.measured and self.carry.updates_since_switch <= p.mode_cooldown
         return self.probe.decide(now, target, need.split(" ", 1)[0], cooling)
 
     def _arm(self: Controller, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:

@@ -163,7 +163,7 @@ def test_hysteresis_no_flapping_at_the_crossover(monkeypatch):
     flips = sum(a != b for a, b in itertools.pairwise(modes))
     assert flips <= 1, modes
     # without hysteresis (its noise term too) and cooldown the same stream does flap: the test can tell
-    monkeypatch.setattr("ebctl.controller.MODE_Z", 0.0)
+    monkeypatch.setattr("ebctl.decide.MODE_Z", 0.0)
     ctl = Controller(ControllerParams(mode="eb+", update_every=50, window=500, mode_hysteresis=0.0,
                                       mode_cooldown=0), costs)
     rng = np.random.default_rng(5)
@@ -201,7 +201,7 @@ def test_eq8_band_is_two_standard_errors_of_the_margin():
         ins = np.maximum(1, rng.lognormal(math.log(400), 0.8, 500)).astype(int)
         pol, now = feed(ctl, geometric(rng, 1 / 200, 500), ins, now=now, running=256, per_report=50)
         margins.append(pol.estimates.eb_lhs - pol.estimates.eb_rhs)
-        bands.append(ctl.eq8_band)
+        bands.append(ctl.carry.eq8_band)
     sd = float(np.std(margins, ddof=1))
     assert 0.7 * sd <= float(np.mean(bands)) / 2 <= 1.4 * sd, (sd, np.mean(bands) / 2)
 

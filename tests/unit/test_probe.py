@@ -88,7 +88,7 @@ def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
     plain = Controller(dataclasses.replace(prm, mode="eb"))
     _drive(plain, 0.0, 400)
     cooling = Controller(dataclasses.replace(prm, mode_cooldown=10**6))
-    cooling.updates_since_switch = 0  # a switch just happened
+    cooling.carry = cooling.carry._replace(updates_since_switch=0)  # a switch just happened
     _drive(cooling, 0.0, 400)
     assert plain.probe.count == 0 and cooling.probe.count == 0
     # nor below saturation (nobody waits): the same traffic with an empty queue; then one iteration in ten
