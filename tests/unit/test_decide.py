@@ -63,5 +63,5 @@ def test_eb_plus_without_a_mixed_cost_stays_in_eb_and_counts_no_update():
     d = decide(snap(eq8_costs=COSTS), c0, ebp)
     assert d.fit.mode is Mode.EB and "mixed cost unknown: eb" in d.fit.reasons
     assert d.carry.updates_since_switch == c0.updates_since_switch and math.isnan(d.carry.eq8_band)
-    with pytest.raises(ValueError, match="Eq. 8"):
+    with pytest.raises(ValueError, match=r"Eq\. 8"):
         decide(snap(), c0, ebp)  # eb+ without Eq. 8's costs is the caller's bug
