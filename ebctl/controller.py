@@ -18,12 +18,12 @@ import math
 
 from ebctl import model
 from ebctl.costfit import CostChoice, OnlineCosts
-from ebctl.decide import Carry, Snapshot, decide, eq6, kv_reserve, pinned
+from ebctl.decide import Carry, Snapshot, decide, pinned
 from ebctl.estimate import Ema, LengthWindow, RecentRate
 from ebctl.params import ControllerParams, Fit, OperatorMode, ThetaMethod
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Estimates, IterationReport, Mode, Policy
-from ebctl.steer import Steering
+from ebctl.steer import Steering, View
 from ebctl.trial import Applied
 from ebctl.tuner import PROBE, Tuner
 
@@ -40,7 +40,7 @@ RATE_HORIZON_S = 60.0  # status: the engine's output tokens/s over this many sec
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
 
 
-class Controller(Steering):
+class Controller:
     """One engine's controller. ``observe`` each report; ``update(now)`` returns the current Policy."""
 
     def __init__(self, params: ControllerParams, costs: model.Costs | None = None, *, engine_id: str = "",
@@ -59,8 +59,7 @@ class Controller(Steering):
         self.group_size = 1
         self.mixed_reason = ""
         self.online_costs = OnlineCosts(params.cost_window, params.cost_max_rel_err)
-        self.tuner = Tuner(params.tuner())
-        self.probe = ModeProbe(params.probe_s, params.probe_share)
+        self.steer = Steering(Tuner(params.tuner()), ModeProbe(params.probe_s, params.probe_share))
         self.kv_total = 0
         self.engine_limit = 0
         self.mixed_unavailable = False
@@ -75,9 +74,6 @@ class Controller(Steering):
         self.fit: Fit | None = None
         self.carry = Carry.initial(params, self.n_limit)  # what one decision hands the next (``ebctl.decide``)
         self.vbar: float | None = None  # Eq. 6's v̄ of the last decision (n_variance = "measured"): the arms' N
-        self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
-        self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
-        self._arms_trial = -1
         self._published: tuple[str, Mode | None] = ("", None)  # (arm, probe) of the current policy
         self.policy = self._cold_policy(version=0)
 
@@ -91,6 +87,20 @@ class Controller(Steering):
     def _pinned(self, n: int, k: int) -> tuple[int, int]:
         """Apply the operator's overrides; 1 <= k <= n <= the engine's limit."""
         return pinned(self.params, self.n_limit, n, k)
+
+    @property
+    def tuner(self) -> Tuner:
+        """The measured search (``ebctl.tuner``), owned by :attr:`steer`."""
+        return self.steer.tuner
+
+    @property
+    def probe(self) -> ModeProbe:
+        """eb+'s probes of the other mode (``ebctl.probe``), owned by :attr:`steer`."""
+        return self.steer.probe
+
+    def _view(self) -> View:
+        return View(self.params, self.fit, self.measured, self.n_limit, self.kv_total, self.vbar,
+                    self.mixed_unavailable, self.waiting_share.value, self.carry.updates_since_switch)
 
     @property
     def measured(self) -> bool:
@@ -153,7 +163,7 @@ class Controller(Steering):
         old = self.params
         if (params.theta_min, params.theta_max, params.theta_method) != (old.theta_min, old.theta_max,
                                                                           old.theta_method):
-            self.tuner, self._drift_ref = Tuner(params.tuner()), None
+            self.steer.restart(Tuner(params.tuner()))
         else:
             self.tuner.p = params.tuner()
         self.params = params
@@ -180,7 +190,8 @@ class Controller(Steering):
             elif due and not self._cost_refitted:
                 self._cost_refitted = self.online_costs.refit()
                 due = not self._cost_refitted  # if it refitted: still due at the next update
-            if not due and (self.fit is None or self._want(now) == self._published):
+            if not due and (self.fit is None or self.steer.want(now, self._view(), self.online_costs)
+                            == self._published):
                 return self.policy
             if due:
                 self._cost_refitted = False
@@ -245,8 +256,8 @@ class Controller(Steering):
         d = decide(snap, self.carry, p)
         self.carry, self.vbar, fit = d.carry, d.vbar, d.fit
         if self.measured:
-            self._tuner_context(fit.mu_l, fit.mu_o, [fit.theta, min(max(fit.theta0, p.theta_min), p.theta_max)],
-                                fit.mode)
+            self.steer.context(self._view(), self.window, self.completions, fit.mu_l, fit.mu_o,
+                               [fit.theta, min(max(fit.theta0, p.theta_min), p.theta_max)], fit.mode)
         return fit
 
     def _issue(self, now: float) -> Policy:
@@ -254,10 +265,11 @@ class Controller(Steering):
         p, fit = self.params, self.fit
         assert fit is not None
         reasons = list(fit.reasons)
-        arm, probe = self._want(now)
+        view = self._view()
+        arm, probe = self.steer.want(now, view, self.online_costs)
         if arm:
-            mode, theta, n, k, kv = self._arm(arm, fit)
-            reasons.append(self._tuner_reason())
+            mode, theta, n, k, kv = self.steer.arm(arm, view)
+            reasons.append(self.steer.reason())
         else:
             mode, theta, n, k, kv = fit.mode, fit.theta, fit.n, fit.k, fit.kv
         if probe is not None:
@@ -279,14 +291,6 @@ class Controller(Steering):
         return Policy(engine_id=self.engine_id, version=version, issued_at=now, ttl_s=p.ttl_s, mode=mode, k=k,
                       n_max=n, kv_reserve_frac=kv, max_defer_s=self._defer_clock(k, n, fit.p0),
                       reason="; ".join(reasons) or "ok", estimates=est)
-
-    def _kv_reserve(self, n: int, mu_o: float) -> float:
-        """Eq. 23's KV reserve at batch size n (0 while the KV capacity is unknown)."""
-        return kv_reserve(self.params, self.kv_total, n, mu_o)
-
-    def _eq6(self, theta: float, p0: float, mu_l: float) -> int:
-        """Eq. 6 at θ, clipped to [floor, the engine's limit], with the last decision's v̄ (a tuner arm's N)."""
-        return eq6(self.params, self.n_limit, self.kv_total, theta, p0, mu_l, self.vbar)
 
     def _defer_clock(self, k: int, n: int, p0: float) -> float:
         """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected

@@ -1,30 +1,57 @@
 """What the controller runs between two recomputes, beyond the closed forms: the measured threshold's arm
-(``ebctl.tuner``) and eb+'s probes of the other mode (``ebctl.probe``). A mixin of ``Controller``: the
-methods read its fit, its windows and its parameters; kept apart so that Algorithm 1 reads alone."""
+(``ebctl.tuner``) and eb+'s probes of the other mode (``ebctl.probe``). An object the controller owns; it
+reads the controller's state only through what each call passes (:class:`View`, the window, the cost fits)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
+from ebctl.costfit import OnlineCosts
+from ebctl.decide import eq6, kv_reserve, pinned
+from ebctl.estimate import LengthWindow
+from ebctl.params import ControllerParams, Fit
+from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Mode
 from ebctl.trial import SATURATED_SHARE
-from ebctl.tuner import MB, STOCK
-
-if TYPE_CHECKING:
-    from ebctl.controller import Controller
-    from ebctl.params import Fit
+from ebctl.tuner import MB, STOCK, Tuner
 
 REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
 REACH_FULL = 0.9  # ... where that batch stays below this share of the engine's limit (else it fills the limit)
 
 
-class Steering:
-    """The tuner's arms and the probes (mixed into ``Controller``)."""
+class View(NamedTuple):
+    """What steering reads of the controller at one moment."""
 
-    def _tuner_context(self: Controller, mu_l: float, mu_o: float, entries: list[float], eq8: Mode) -> None:
+    params: ControllerParams
+    fit: Fit | None  # the last recompute's
+    measured: bool  # θ (and in eb+ the mode) from the tuner
+    n_limit: int
+    kv_total: int
+    vbar: float | None  # the last recompute's Eq. 6 v̄
+    mixed_unavailable: bool
+    waiting_share: float  # share of recent non-idle iterations with requests waiting
+    updates_since_switch: int  # eb+'s cooldown (``decide.Carry``)
+
+
+class Steering:
+    """The tuner's arms and the probes."""
+
+    def __init__(self, tuner: Tuner, probe: ModeProbe) -> None:
+        self.tuner = tuner
+        self.probe = probe
+        self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
+        self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
+        self._arms_trial = -1
+
+    def restart(self, tuner: Tuner) -> None:
+        """A new search (a new θ range or method): the tuner replaced, the drift reference dropped."""
+        self.tuner, self._drift_ref = tuner, None
+
+    def context(self, v: View, window: LengthWindow, completions: int, mu_l: float, mu_o: float,
+                entries: list[float], eq8: Mode) -> None:
         """Hand the tuner its prior (the closed forms, Eq. 8's mode) and the request mix, and restart its search
         when the workload moved: the window's geometric mean input length changed by more than a factor
         e^``tune_drift`` since the search last started, or its output length by e^(2·``tune_drift``). Geometric
@@ -35,10 +62,10 @@ class Steering:
         full and the engine has turned its batch over twice: until then the requests that finished first,
         the short ones, weigh too much; the tuner starts no trial before then either (a server that has just
         started measures its start, not its steady state)."""
-        p = self.params
-        steady = len(self.window) >= p.window and self.completions >= p.window + 2 * self.n_limit
+        p = v.params
+        steady = len(window) >= p.window and completions >= p.window + 2 * v.n_limit
         if steady:
-            now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (self.window.inputs(), self.window.outputs()))
+            now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (window.inputs(), window.outputs()))
             ref = self._drift_ref
             if ref is None:
                 self._drift_ref = now
@@ -48,19 +75,19 @@ class Steering:
                 if moved:
                     self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
                     self._drift_ref = now
-        self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not self.mixed_unavailable,
-                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady, n=self.n_limit)
+        self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not v.mixed_unavailable,
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady, n=v.n_limit)
 
-    def _want(self: Controller, now: float) -> tuple[str, Mode | None]:
+    def want(self, now: float, v: View, costs: OnlineCosts) -> tuple[str, Mode | None]:
         """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
-        fit = self.fit
-        arm = self.tuner.arm if self.measured else ""
+        fit = v.fit
+        arm = self.tuner.arm if v.measured else ""
         if fit is None:
             return arm, None
         running = fit.mode if not arm else self.tuner.mode(arm)
-        return arm, self._probe(now, running)
+        return arm, self._probe(now, running, v, costs)
 
-    def _probe(self: Controller, now: float, running: Mode) -> Mode | None:
+    def _probe(self, now: float, running: Mode, v: View, oc: OnlineCosts) -> Mode | None:
         """eb+ only: the other mode while its cost fit is missing or stale (``ebctl.probe``): mb for the mixed
         fit (where the engine can mix), eb for the prefill or decode fit; never during a mode switch's cooldown,
         and only once the engine's timings are being learned at all (the other fits passed). During a tuner
@@ -76,26 +103,26 @@ class Steering:
         intercept is not identified (``OnlineCosts.intercept_identified``): Eq. 8 stays on the profile's costs
         then, whatever the mixed fit says, and on simulated RTX PRO 6000 (dist-shift phase 1, N ≈ 460, α_d
         1e-6 s of a 0.1 s step) three such probes cost eb+ 1% of the phase's throughput for nothing."""
-        p = self.params
+        p = v.params
         if p.mode != "eb+" or not p.cost_online:
             self.probe.stop(now)
             return None
-        oc, trial = self.online_costs, self.measured and self.tuner.trial is not None
+        trial = v.measured and self.tuner.trial is not None
         if trial and self.tuner.trial.probed and self.probe.mode is None:  # one pause per trial, or it may never end
             return None
         stale = math.inf if trial else p.cost_stale_s  # in a trial: a fit that never passed only
         need, target = "", None
-        if not self.waiting_share.value >= SATURATED_SHARE:  # NaN (nothing seen yet) included
+        if not v.waiting_share >= SATURATED_SHARE:  # NaN (nothing seen yet) included
             return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end
-        if running is not Mode.MB and not self.mixed_unavailable and oc.intercept_identified():
+        if running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified():
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
         if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
             target = Mode.EB
-        cooling = not self.measured and self.carry.updates_since_switch <= p.mode_cooldown
+        cooling = not v.measured and v.updates_since_switch <= p.mode_cooldown
         return self.probe.decide(now, target, need.split(" ", 1)[0], cooling)
 
-    def _arm(self: Controller, arm: str, fit: Fit) -> tuple[Mode, float, int, int, float]:
+    def arm(self, arm: str, v: View) -> tuple[Mode, float, int, int, float]:
         """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes
         at its limit, EB(θ) takes N from Eq. 6 at that θ, but at most 97% of the batch the engine's own admission
         was seen to stop at (``Tuner.reach``): sglang reserves each running request's remaining output in its
@@ -107,24 +134,25 @@ class Steering:
             self._arms_trial = self.tuner.trial_id
         if arm in self._arms:
             return self._arms[arm]
-        limit = self.n_limit
+        fit, p, limit = v.fit, v.params, v.n_limit
+        assert fit is not None
         if arm in (STOCK, MB):
             out = (Mode.MB if arm == MB else Mode.OFF, math.nan, limit, 1, 0.0)
         else:
             theta = self.tuner.theta(arm)
-            n = self._eq6(theta, fit.p0, fit.mu_l)
+            n = eq6(p, limit, v.kv_total, theta, fit.p0, fit.mu_l, v.vbar)
             reach = self.tuner.reach
             # A batch the engine cannot hold never fills: the refill would never end. An engine that fills its
             # limit (the EMA sits a little below it: requests finish between its prefills) needs no cap: at
             # 16 slots 97% of the reach was 15, and EB(k = 1) ran as stock with a slot fewer.
             if math.isfinite(reach) and reach < REACH_FULL * limit:
-                n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(self.params.n_floor_frac * self.n_limit), 1))
-            n, _ = self._pinned(n, 1)
-            out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), self._kv_reserve(n, fit.mu_o))
+                n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(p.n_floor_frac * limit), 1))
+            n, _ = pinned(p, limit, n, 1)
+            out = (Mode.EB, theta, n, max(1, min(math.floor(theta * n), n)), kv_reserve(p, v.kv_total, n, fit.mu_o))
         self._arms[arm] = out
         return out
 
-    def _tuner_reason(self) -> str:
+    def reason(self) -> str:
         t = self.tuner
         where = t.incumbent if not t.incumbent.startswith("eb@") else f"theta={t.theta(t.incumbent):.3g}"
         if t.trial is not None:

@@ -40,6 +40,7 @@ import numpy as np
 
 from ebctl import model
 from ebctl.controller import Controller, ControllerParams
+from ebctl.decide import eq6
 from ebctl.estimate import fit_hazard
 from ebctl.protocol import IterationReport, Mode, Policy
 
@@ -272,7 +273,7 @@ def theta_sweep(lo: float = 0.05, hi: float = 0.95, step: float = 0.05, *,
 
 def eq6_caps(thetas: Sequence[float], *, input_len: np.ndarray, output_len: np.ndarray, kv_tokens: int,
              max_running: int, params: ControllerParams | None = None) -> list[int]:
-    """Eq. 6's N̂* at each θ as the controller computes it (``Controller._eq6``), the workload's lengths as its
+    """Eq. 6's N̂* at each θ as the controller computes it (``ebctl.decide.eq6``), the workload's lengths as its
     window: p̂0 of the hazard fit, μ̂_L, the measured margin v̄ (or the geometric one, per ``n_variance``), ε and
     the bound of ``params``, clipped to [n_floor_frac × max_running, max_running]. EB at the engine's own slot
     count is stock wherever the KV cache fills before the slots do (a refill never ends); N̂* is the cap the
@@ -284,6 +285,4 @@ def eq6_caps(thetas: Sequence[float], *, input_len: np.ndarray, output_len: np.n
     p0 = min(hz.p0 if hz.p0 > 0 else 1.0 / max(hz.mu_o, 1.0), 1.0)
     vbar = (model.vbar_moments(mu_l, float(ins.var()), float(outs.mean()), float(outs.var()))
             if p.n_variance == "measured" else None)
-    floor = max(1, math.ceil(p.n_floor_frac * max_running))
-    return [min(max(model.n_star(kv_tokens, p.eps, t, p0, mu_l, bound=p.n_bound, vbar_=vbar), floor), max_running)
-            for t in thetas]
+    return [eq6(p, max_running, kv_tokens, t, p0, mu_l, vbar) for t in thetas]

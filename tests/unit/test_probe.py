@@ -78,7 +78,7 @@ def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
     st = ctl.probe.status(t)
     assert st["count"] >= 1 and st["last_for"] == "mixed"
     # probing runs MB for 2 s, then EB again until 2 / 0.05 = 40 s after the probe started
-    ctl.probe = type(ctl.probe)(2.0, 0.05)
+    ctl.steer.probe = type(ctl.probe)(2.0, 0.05)
     pol = ctl.update(t)
     assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
     pol = ctl.update(t + 2.5)
@@ -167,7 +167,7 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     t = _drive_mixed(ctl, 0.0, 400)
     oc = ctl.online_costs
     assert oc.passed(BatchKind.DECODE) and oc.passed(BatchKind.MIXED) and not oc.passed(BatchKind.PREFILL)
-    ctl.probe = ModeProbe(2.0, 0.05)  # whatever probed so far: a fresh budget
+    ctl.steer.probe = ModeProbe(2.0, 0.05)  # whatever probed so far: a fresh budget
     ctl.tuner.trial, ctl.tuner.settling = None, 0
     ctl.tuner.ref_lns = [8.0, 8.0, 8.0]  # the incumbent's steady windows (MIN_REF): its noise is known
     ctl.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
@@ -198,7 +198,7 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     assert all(stale.online_costs.passed(k) for k in (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED))
     t += 61.0
     assert stale.online_costs.missing(BatchKind.PREFILL, t, 60.0).startswith("prefill fit stale")
-    stale.probe = ModeProbe(2.0, 0.05)
+    stale.steer.probe = ModeProbe(2.0, 0.05)
     stale.tuner.ref_lns = [8.0, 8.0, 8.0]
     stale.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
     assert stale.update(t).mode is not Mode.EB and stale.probe.count == 0
