@@ -14,7 +14,7 @@ A cost model is anything with ``step_time(batch) -> seconds`` (:class:`CostModel
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -23,27 +23,10 @@ import numpy as np
 from ebctl import model
 from ebctl.costmodel import IterationCosts
 from ebctl.profiles import Profile
+from ebctl.sim import gpucost
+from ebctl.sim.batch import Batch
 
-
-@dataclass(slots=True)
-class Batch:
-    """One iteration as the cost model sees it: prefill chunks (offset in their prompt, length), the
-    context length (tokens attended, the new one included) of every decode row, and whether the previous
-    non-idle iteration was of another kind (``switched``: prefill after decode, decode after prefill, ...)."""
-
-    chunk_starts: list[int] = field(default_factory=list)
-    chunk_lens: list[int] = field(default_factory=list)
-    decode_ctx: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    prefill_tokens: int = 0
-    switched: bool = False
-
-    @property
-    def decode_reqs(self) -> int:
-        return int(self.decode_ctx.size)
-
-    @property
-    def prefill_reqs(self) -> int:
-        return len(self.chunk_lens)
+__all__ = ["Batch", "CostModel", "IterationCostModel", "LinearCostModel", "build", "describe"]
 
 
 class CostModel(Protocol):
@@ -167,8 +150,6 @@ def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
     without overheads. ``iteration``: the profile's ``iteration_costs`` (the daemon's fit of forward passes:
     the engine's overheads outside the forward are missing, so it predicts too fast). ``linear``: the paper's
     α/β as written."""
-    from ebctl.sim import gpucost, paperfit  # they import this module
-
     if kind == "linear":
         return LinearCostModel(profile.costs)
     if kind == "iteration":
@@ -185,7 +166,7 @@ def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
         except msgspec.ValidationError as e:
             raise ValueError(f"profile {profile.name!r}: sim.iteration_costs: {e}") from None
         return IterationCostModel(ic, name="iteration-costs (period)")
-    fitted = paperfit.stored().get(profile.gpu) if profile.name in paperfit.GPUS.values() else None
+    fitted = gpucost.stored_overheads().get(profile.gpu) if profile.name in gpucost.PAPER_GPUS.values() else None
     ic = getattr(profile, "iteration_costs", None)
     if kind == "profile" and not sim.get("overheads") and fitted is None and ic is not None:
         return IterationCostModel(ic, name="iteration-costs (forward: the time outside the forward is missing)")
@@ -207,10 +188,8 @@ def describe(cm: CostModel) -> dict:
     """A JSON-able summary for results (what was assumed)."""
     if isinstance(cm, IterationCostModel):
         return {"name": cm.name, "iteration_costs": msgspec.to_builtins(cm.costs)}
-    from ebctl.sim.gpucost import FIELDS, EngineCostModel
-
-    if isinstance(cm, EngineCostModel):
+    if isinstance(cm, gpucost.EngineCostModel):
         return {"name": cm.name, "layers": cm.layers, "attention_table": bool(cm.decode_attention_ms),
                 "prefill_q": cm.prefill_q, "p_bar": cm.p_bar,
-                "overheads": {k: getattr(cm.overheads, k) for k in FIELDS}}
+                "overheads": {k: getattr(cm.overheads, k) for k in gpucost.FIELDS}}
     return {"name": getattr(cm, "name", type(cm).__name__)}

@@ -38,7 +38,7 @@ import numpy as np
 
 from ebctl import model
 from ebctl.sim import hardware
-from ebctl.sim.costs import Batch
+from ebctl.sim.batch import Batch
 
 # Prefill calibration sizes of measured_profiles.json (calibration_grid.prefill_sizes): the linear β_p
 # fitted on them absorbs the attention cost of positions up to about P_BAR (see _absorbed_position).
@@ -67,6 +67,21 @@ class Overheads:
     def vector(self) -> np.ndarray:
         """Coefficients of :meth:`EngineCostModel.parts`' last five entries (the overlap subtracts)."""
         return np.array([self.iter_s, self.req_s, self.interference, self.switch_s, -self.overlap])
+
+
+# The built-in profiles of the paper's GPUs, and the file of their overheads fitted to its measurements
+# (written by ``python -m ebctl.sim.paperfit``)
+PAPER_GPUS = {"H200": "qwen3-8b/h200", "RTX-PRO-6000": "qwen3-8b/rtx-pro-6000"}
+OVERHEADS_FILE = "sim_overheads.json"
+
+
+def stored_overheads() -> dict[str, Overheads]:
+    """The fitted overheads shipped in ``ebctl/data/sim_overheads.json``, by GPU ({} if none)."""
+    try:
+        raw = json.loads(resources.files("ebctl.data").joinpath(OVERHEADS_FILE).read_text())
+    except FileNotFoundError:
+        return {}
+    return {gpu: Overheads(**v["overheads"]) for gpu, v in raw.get("gpus", {}).items()}
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from ebctl.sim import gpucost, hardware, paperdata, policies, runner, workloads
 from ebctl.sim.costs import Batch
 from ebctl.sim.engine import EngineConfig
 
-GPUS = {"H200": "qwen3-8b/h200", "RTX-PRO-6000": "qwen3-8b/rtx-pro-6000"}
+GPUS = gpucost.PAPER_GPUS
 PAPER_N = (256, 512, 1024, 1536, 2048)  # the batch caps of the paper's grid (Tables 14-16)
 TABLE2 = {"ShareGPT": "sharegpt-like", "LongBench": "longbench-like", "NuminaMath": "numinamath-served"}
 SERVED = {"numinamath-served": "NuminaMath"}  # workloads as the paper served them (paperdata.served)
@@ -58,7 +58,7 @@ SAT_REQUESTS = 6000
 TABLE2_REQUESTS = 4000
 SEED = 0
 UPPER = {"iter_s": 0.005, "req_s": None, "interference": None, "switch_s": None, "overlap": 1.0}  # None: upper()
-OVERHEADS_FILE = "sim_overheads.json"
+OVERHEADS_FILE = gpucost.OVERHEADS_FILE
 
 
 @functools.cache
@@ -263,13 +263,7 @@ def at_bound(gpu: str, o: gpucost.Overheads) -> list[str]:
             if x >= 0.999 * h or x <= 1e-4 * h]
 
 
-def stored() -> dict[str, gpucost.Overheads]:
-    """The fitted overheads shipped in ``ebctl/data/sim_overheads.json``, by GPU ({} if none)."""
-    try:
-        raw = json.loads(resources.files("ebctl.data").joinpath(OVERHEADS_FILE).read_text())
-    except FileNotFoundError:
-        return {}
-    return {gpu: gpucost.Overheads(**v["overheads"]) for gpu, v in raw.get("gpus", {}).items()}
+stored = gpucost.stored_overheads
 
 
 def describe(o: gpucost.Overheads) -> str:
