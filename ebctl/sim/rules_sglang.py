@@ -41,9 +41,10 @@ Read from the installed source (paths under ``sglang/srt/``; line numbers of 0.5
 * **``--prefill-decode-interval N``** (``_should_defer_prefill`` 1400-1411, ``_arm_prefill_decode_interval``
   1413-1426, called at 3972 and 4015): a step that ran a prefill or mixed batch arms N; while armed, each
   scheduling round defers prefill (a chunk in flight too) and counts one down, unless the running batch holds
-  fewer than ``--prefill-decode-interval-min-bs`` requests (default 0), which disarms it. The ebctl plugin
-  replaces this hook, so the flag acts only without a policy. With nothing running a deferred round is an
-  empty loop iteration, costing no simulated time: the count is spent at once.
+  fewer than ``--prefill-decode-interval-min-bs`` requests (default 0), which disarms it. The ebctl plugin asks
+  this first and asks its gate only when it did not defer. With nothing running a deferred round is an empty
+  loop iteration, costing no simulated time: the count is spent at once (with the overlap loop on, that round
+  also waits for the previous batch's result, about one batch's scheduling time, not modelled).
 
 Not modelled: the overlap loop's one-step lag in result processing, prefix (radix) cache hits, priorities and
 other schedule policies than FCFS. A lone request that outgrows the whole KV is truncated (sglang aborts it).
@@ -91,7 +92,14 @@ class SglangEngine(Engine):
         chunked = self._prefilling[0] if self._prefilling else None
         running_bs = self.running - (chunked is not None)  # the chunked request is not in the running batch
         defer = hold_new = False
-        if steer and self.queue:  # the plugin's _should_defer_prefill (sglang_patch/state.py defer)
+        if self.pd_interval_remaining:  # _should_defer_prefill, stock (scheduler.py:1400-1411): the plugin asks it
+            # first and, when it defers, returns that without asking the gate (sglang_patch/hooks.py defer_prefill)
+            if running_bs < cfg.prefill_decode_interval_min_bs or running_bs == 0:
+                self.pd_interval_remaining = 0
+            else:
+                self.pd_interval_remaining -= 1
+                defer = True
+        if not defer and steer and self.queue:  # the plugin's gate (sglang_patch/state.py defer)
             kv_free = self.free_blocks / self.total_blocks if policy.kv_reserve_frac > 0 else 1.0
             d = self.gate.decide(policy, running=running_bs, waiting=len(self.queue), kv_free_frac=kv_free,
                                  now=now, chunk_in_flight=chunked is not None)
@@ -101,14 +109,8 @@ class SglangEngine(Engine):
                 self._held = True
             elif self._held:  # admitting again: the batch_is_full set while the chunk went on alone goes
                 self._held = self.batch_is_full = False
-        elif steer:
+        elif not defer and steer:
             self.gate.rest()
-        elif self.pd_interval_remaining:  # _should_defer_prefill, stock (scheduler.py:1400-1411)
-            if running_bs < cfg.prefill_decode_interval_min_bs or running_bs == 0:
-                self.pd_interval_remaining = 0
-            else:
-                self.pd_interval_remaining -= 1
-                defer = True
         batch, chunks = Batch(), []
         if not defer:
             self._prefill(batch, chunks, chunked, running_bs, 0 if hold_new else cap - running_bs, mixed_chunk,

@@ -232,6 +232,15 @@ def test_prefill_decode_interval_runs_n_decode_steps_after_each_prefill():
     assert steps() == [(P, 1), (P, 1), (D, 0), (D, 0), (D, 0)]  # stock: prefill first
     # min-bs 2: 1 request running < 2 disarms the interval at step 1 (prefill_decode_interval_remaining = 0)
     assert steps(prefill_decode_interval=2, prefill_decode_interval_min_bs=2) == steps()
+    # under an ebctl policy the plugin asks sglang's own rule first (hooks.py defer_prefill): EB(k = 1), which
+    # admits whenever a slot is free, still waits out the interval
+    eng = _engine(prefill_decode_interval=2)
+    eng.policy = Policy(mode=Mode.EB, k=1, n_max=16, ttl_s=math.inf, max_defer_s=math.inf)
+    eng.add(5, 20, 0.0)
+    reps = [eng.step(0.0)]
+    eng.add(5, 20, 1.0)
+    reps += _run_from(eng, 1, 4)
+    assert [(r.kind, r.prefill_reqs) for r in reps] == [(P, 1), (D, 0), (D, 0), (P, 1), (D, 0)]
 
 
 def test_prefill_decode_interval_defers_a_chunk_in_flight_and_counts_a_mixed_step():
