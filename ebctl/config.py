@@ -178,8 +178,8 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "cost_online": Spec(bool, "fit the iteration costs from the reports; their α/β replace the profile's once "
                         "the fits pass"),
     "cost_max_rel_err": Spec(float, "an online cost fit is used when its median relative error on held-out "
-                             "iterations is at most this and not above the training mean's (a fit worse than "
-                             "the mean, where the mean passes, is the flat cost at the mean); replaces "
+                             "iterations is at most this and not above the training mean's (a mixed fit worse "
+                             "than the mean, where the mean passes, is the flat cost at the mean); replaces "
                              "`min_cost_r2`, which a "
                              "config file may no longer carry (refused, naming this key)", 0.01, 1.0),
     "cost_window": Spec(int, "iterations kept per batch kind for the cost fits", 20, 1_000_000),

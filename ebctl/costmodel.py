@@ -14,8 +14,8 @@ context term the attention over each request's KV. The paper's α/β (section 3.
 One model, three users: the daemon fits it online from iteration reports, ``ebctl tune calibrate`` writes
 it into a profile, and the simulator prices iterations with it. A fit is used only if it passes
 :func:`judge`: the median relative error of its predictions on held-out iterations is at most
-``max_rel_err`` (20% by default) and no worse than predicting the training mean; a fit worse than the mean,
-where the mean itself passes, is replaced by the mean (a flat cost). R² is not the test:
+``max_rel_err`` (20% by default) and no worse than predicting the training mean; a mixed fit worse than the
+mean, where the mean itself passes, is replaced by the mean (a flat cost). R² is not the test:
 a cost that is nearly flat in a feature (small models, CPU) is well predicted with R² ≈ 0.
 
 Pure: numpy/scipy only, no I/O, no clock.
@@ -168,8 +168,9 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
     held-out iterations (a simpler model the data support as well; least squares on relative error, fast).
     The kept features are then fitted on absolute relative error (:meth:`_Relative.l1`): the test is a median,
     and on a shared machine iteration times have heavy tails (slow periods when other work runs) that pull
-    a least-squares fit off the typical iteration. If that fit fails :func:`judge` for predicting worse than
-    the training mean while the mean's own error is under ``max_rel_err``, the fit is the mean (no features).
+    a least-squares fit off the typical iteration. If a mixed fit fails :func:`judge` for predicting worse
+    than the training mean while the mean's own error is under ``max_rel_err``, the fit is the mean (no
+    features).
     """
     x = np.asarray(x, dtype=float).reshape(-1, len(FEATURES))
     y = np.asarray(y, dtype=float)
@@ -209,10 +210,12 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
     coef_train = train.l1(sel)
     mean_s = float(np.mean(y[~test]))
     quality = judge(d_test[:, sel] @ coef_train, y_test, mean_s, max_rel_err=max_rel_err)
-    if not quality.ok and quality.median_rel_err > quality.mean_rel_err <= max_rel_err:
-        # No fit of the features predicts the held-out iterations as well as their training mean: the cost is
-        # flat as far as the data tell (the L1 constant sits below the mean on right-skewed times, and a median
-        # over a few hundred held-out iterations is that sensitive), so the fit is the flat cost itself.
+    if kind is BatchKind.MIXED and not quality.ok and quality.median_rel_err > quality.mean_rel_err <= max_rel_err:
+        # No fit of the features predicts the held-out mixed iterations as well as their training mean: the cost
+        # is flat as far as the data tell (the L1 constant sits below the mean on right-skewed times, and a median
+        # over a few hundred held-out iterations is that sensitive), so the fit is the flat cost itself. Not for
+        # prefill and decode: their slopes are Eq. 3-6's β, and a flat fit there would set them to 0 where the
+        # batch sizes seen merely do not pin them down (the profile's costs stay in use instead).
         cols, sel, coef_train = [], [0], np.array([mean_s])
         quality = judge(np.full(y_test.size, mean_s), y_test, mean_s, max_rel_err=max_rel_err)
         quality = quality._replace(reason=f"flat at the training mean: {quality.reason}")
