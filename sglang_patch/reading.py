@@ -82,7 +82,7 @@ def kv_used_reader(sched: Any) -> Callable[[], int]:
 def finished_request(req: Any) -> FinishedRequest | None:
     """The report entry of a request that ended; None for sglang's own health checks. Its times come from the
     request's ``time_stats`` (``observability/req_time_stats.py`` 612-660, ``time.perf_counter``): TTFT from the
-    scheduler's receipt to the end of its prefill, TPOT from there to now over the tokens after the first."""
+    scheduler's receipt to the end of its prefill, TPOT from there to its completion over the tokens after the first."""
     rid = req.rid
     if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_PREFIX):
         return None
@@ -93,8 +93,10 @@ def finished_request(req: Any) -> FinishedRequest | None:
     first = ts.prefill_finished_time
     start = ts.scheduler_recv_time or ts.wait_queue_entry_time
     ttft = first - start if first > 0.0 and start > 0.0 else math.nan
-    # read as the batch that made its last token is processed: the clock of time_stats (perf_counter)
-    tpot = (perf_counter() - first) / (out - 1) if first > 0.0 and out > 1 and reason != "abort" else math.nan
+    # the last token: completion_time, stamped while the batch that made it is processed (batch_result_processor),
+    # as prefill_finished_time was for the first; else now, on the same clock (perf_counter)
+    end = ts.completion_time if getattr(ts, "completion_time", 0.0) > 0.0 else perf_counter()
+    tpot = (end - first) / (out - 1) if first > 0.0 and out > 1 and reason != "abort" else math.nan
     return FinishedRequest(len(req.origin_input_ids), out, reason, ttft, tpot)
 
 

@@ -152,7 +152,8 @@ def bins(hist: Sequence[float], res: float, width: float, end: float) -> list[fl
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, draws: int = 10_000, seed: int = 0,
                     level: float = 0.95) -> tuple[float, float, float]:
     """(median, low, high) of mean(num*) / mean(den*) over ``draws`` bootstrap resamples (each list resampled with
-    replacement, on its own); the interval is the central ``level`` of those ratios."""
+    replacement, on its own); the interval is the central ``level`` of those ratios. Draws whose baseline mean is
+    0 have no ratio and are left out; NaN throughout when more than half are."""
     if not num or not den:
         return (math.nan, math.nan, math.nan)
     rng = random.Random(seed)
@@ -160,7 +161,10 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, draws: int = 
     for _ in range(draws):
         d = statistics.fmean(rng.choices(den, k=len(den)))
         n = statistics.fmean(rng.choices(num, k=len(num)))
-        ratios.append(n / d if d else math.nan)
+        if d:  # a draw whose baseline mean is 0 (no goodput at tight targets) has no ratio: left out
+            ratios.append(n / d)
+    if len(ratios) < draws / 2:
+        return (math.nan, math.nan, math.nan)
     tail = (1 - level) / 2 * 100
     return (percentile(ratios, 50), percentile(ratios, tail), percentile(ratios, 100 - tail))
 
@@ -555,7 +559,8 @@ def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: flo
         if slo:
             g = bootstrap_ratio([s["goodput_tok_s"] for s in ss], [s["goodput_tok_s"] for s in by[baseline]])
             summary[n].update(goodput_runs=[s["goodput_tok_s"] for s in ss], goodput_ratio=g)
-            row += f" {fmt(med['goodput_tok_s'])} | {fmt(med['attained'], 100, 1)}% | {r(g)} |"
+            att = "-" if math.isnan(med["attained"]) else f"{med['attained']:.1%}"
+            row += f" {fmt(med['goodput_tok_s'])} | {att} | {r(g)} |"
         rows.append(row)
     return "\n".join(rows), summary
 

@@ -196,14 +196,15 @@ def best_theta(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def best_static(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Among the settings with no controller (``policies.is_static``), the best by output tok/s and the best by
-    goodput, and each controller run's share of them; None unless both kinds ran."""
+    """Among what sglang alone can be set to (``policies.is_static``), the best by output tok/s and the best by
+    goodput (output tok/s of the requests within the SLO), and each other run's share of them; None unless
+    both kinds ran."""
     static = [r for r in results if policies.is_static(r["policy"])]
     auto = [r for r in results if not policies.is_static(r["policy"])]
     if not static or not auto:
         return None
     out: dict[str, Any] = {}
-    for key in ("tok_per_s", "goodput_req_per_s"):
+    for key in ("tok_per_s", "goodput_tok_per_s"):
         best = max(static, key=lambda r: _get(r, (key,)) if math.isfinite(_get(r, (key,))) else -math.inf)
         v = _get(best, (key,))
         out[key] = {"policy": best["policy"], "value": v,
@@ -355,10 +356,10 @@ def render(header: dict[str, Any], results: list[dict[str, Any]], console: Conso
         console.print("best · " + " · ".join(_winner_text(w) for w in header["winners"]), highlight=False)
     static = header.get("best_static")
     if static:
-        t, g = static["tok_per_s"], static["goodput_req_per_s"]
+        t, g = static["tok_per_s"], static["goodput_tok_per_s"]
         console.print(f"best static setting · output tok/s: {t['policy']} ({t['value']:,.0f}); the controller's share "
                       f"of it: {', '.join(f'{k} {v:.1%}' for k, v in t['share'].items())} · goodput: {g['policy']} "
-                      f"({g['value']:,.2f} req/s); the controller's share: "
+                      f"({g['value']:,.0f} tok/s of requests within the SLO); the controller's share: "
                       f"{', '.join(f'{k} {v:.1%}' if math.isfinite(v) else f'{k} -' for k, v in g['share'].items())}",
                       highlight=False)
     best = header.get("best_fixed_theta")

@@ -65,6 +65,7 @@ def summarize(req: dict[str, np.ndarray], itl: np.ndarray, *, slo_ttft: float, s
         # per request, the longest its stream stalled: what a user sees as a freeze (sglang #31395)
         "max_gap_s": percentiles(req["max_gap"][ok & (out > 1)]) if "max_gap" in req else percentiles(np.array([])),
         "goodput_req_per_s": good / span, "goodput_frac": good / n if n else math.nan,
+        "goodput_tok_per_s": float(out[ttft_ok & tpot_ok].sum()) / span,  # output tokens of those requests
         "ttft_slo_frac": float(np.mean(ttft_ok)) if n else math.nan,
         "tpot_slo_frac": float(np.mean(tpot_ok)) if n else math.nan,
     }

@@ -181,7 +181,7 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
                              "(min-bs= goes with pd-interval)")
         engine = {}
         for key in o:
-            v = _num(o, key, spec, 0, 0 if key == "min-bs" else 1)
+            v = _num(o, key, spec, 0, 0 if key == "min-bs" else 1, 1e9)
             if v != int(v):
                 raise ValueError(f"policy {spec!r}: {key}={o[key]!r} is not a whole number")
             engine[KNOBS[key]] = int(v)
@@ -250,8 +250,9 @@ def static_sweep(max_running: int) -> list[str]:
 
 
 def is_static(spec: str) -> bool:
-    """A setting with no controller: stock, mixed chunks, a fixed EB(k) or one of sglang's knobs."""
-    return spec.partition(":")[0].strip() in ("v0", "stock", "mb", "eb", "sglang")
+    """What an operator can set in sglang alone, no controller: stock, mixed chunks (``mb``: what
+    ``--enable-mixed-chunk`` runs) or one of sglang's knobs. ebctl's fixed ``eb:`` policies are not."""
+    return spec.partition(":")[0].strip() in ("v0", "stock", "mb", "sglang")
 
 
 def theta_grid(lo: float = 0.05, hi: float = 0.95, step: float = 0.05) -> list[float]:

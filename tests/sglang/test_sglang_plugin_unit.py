@@ -453,3 +453,6 @@ def test_a_finished_requests_tpot_is_its_decode_time_over_the_tokens_after_the_f
     assert math.isnan(reading.finished_request(one).tpot_s)  # one token: no TPOT
     aborted = req("v", n_out=3)
     assert math.isnan(reading.finished_request(aborted).tpot_s)  # finished_reason None: an abort
+    stamped = req("w", n_out=11, done=True)  # sglang stamped its completion: 2.0 → 3.0 s over 10 tokens
+    stamped.time_stats.completion_time = 3.0
+    assert reading.finished_request(stamped).tpot_s == pytest.approx(0.1)

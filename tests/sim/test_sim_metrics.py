@@ -21,9 +21,13 @@ def test_summarize_by_hand():
     assert res["ttft_s"]["p50"] == 2.0 and res["ttft_s"]["mean"] == pytest.approx(5 / 3)
     assert res["tpot_s"]["p50"] == pytest.approx(1.0)  # (10/10, —, 2/2)
     # SLOs: request 0 TTFT 1 ok, TPOT 1.0 > 0.9; request 1 TTFT 2 > 1.5; request 2 TTFT 2 > 1.5
-    assert res["goodput_frac"] == 0.0
+    assert res["goodput_frac"] == 0.0 and res["goodput_tok_per_s"] == 0.0
     res = metrics.summarize(req, np.zeros(0), slo_ttft=2.0, slo_tpot=1.0)
     assert res["goodput_frac"] == 1.0 and math.isnan(res["itl_s"]["p99"])
+    assert res["goodput_tok_per_s"] == pytest.approx(15 / 11)  # all three within: 11 + 1 + 3 tokens over 11 s
+    # each request's longest gap between tokens, for those with two or more: 4 s and 1.5 s
+    res = metrics.summarize({**req, "max_gap": np.array([4.0, 0.0, 1.5])}, np.zeros(0), slo_ttft=2.0, slo_tpot=1.0)
+    assert res["max_gap_s"]["p50"] == pytest.approx(2.75) and res["max_gap_s"]["mean"] == pytest.approx(2.75)
 
 
 def test_mode_shares():

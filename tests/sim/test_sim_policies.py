@@ -73,7 +73,7 @@ def test_sglang_knob_policies_launch_the_engine_with_the_flag():
 
 @pytest.mark.parametrize("bad", ["sglang", "sglang:min-free-slots=4,pd-interval=2", "sglang:min-bs=2",
                                  "sglang:pd-interval=2.5", "sglang:min-free-slots=0", "sglang:foo=1",
-                                 "sglang:pd-interval=-1"])
+                                 "sglang:pd-interval=-1", "sglang:pd-interval=inf"])
 def test_bad_knob_policies_are_refused(bad):
     with pytest.raises(ValueError, match=r"policy .sglang"):
         make(bad)

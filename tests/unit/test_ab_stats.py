@@ -169,3 +169,11 @@ def test_slo_option_and_the_goodput_columns(ab):
     assert "TTFT ≤ 1 s, TPOT ≤ 50 ms" in text.splitlines()[0] and "| 50.0% | 1.500 [1.500, 1.500] |" in text
     plain, _ = ab.table(["alone"], [run("alone", 40)], "alone", 5.0)
     assert "goodput" not in plain
+
+
+def test_bootstrap_leaves_out_draws_with_a_zero_baseline(ab):
+    # baseline goodput 0, 0, 3: a draw of three all-zero baselines (8/27 ≈ 30% of draws) has no ratio and is left
+    # out; in the others the baseline mean is 1, 2 or 3 against 3: ratios 3, 1.5 or 1, all finite
+    med, lo, hi = ab.bootstrap_ratio([3.0, 3.0, 3.0], [0.0, 0.0, 3.0])
+    assert all(math.isfinite(x) for x in (med, lo, hi)) and 1.0 <= lo <= med <= hi <= 3.0
+    assert all(math.isnan(x) for x in ab.bootstrap_ratio([1.0], [0.0, 0.0]))  # no baseline at all: no ratio
