@@ -197,7 +197,7 @@ def goodput(records: Sequence[dict[str, Any]], duration: float, slo: tuple[float
     and ``attained``: their share of the requests sent (a failed or unfinished request misses)."""
     ttft_s, tpot_s = slo
     good = [r for r in records if r["status"] == "ok" and r["ttft"] is not None and r["ttft"] <= ttft_s
-            and (r["tpot"] is None or r["tpot"] <= tpot_s)]
+            and (r["tpot"] is None or math.isnan(r["tpot"]) or r["tpot"] <= tpot_s)]  # NaN: None read back
     return {"goodput_tok_s": sum(r["tokens"] for r in good) / duration,
             "attained": len(good) / len(records) if records else math.nan}
 

@@ -148,6 +148,9 @@ def test_goodput_counts_the_tokens_of_requests_within_both_targets(ab):
     g = ab.goodput(recs, 10.0, (1.0, 0.05))
     assert g["goodput_tok_s"] == pytest.approx((10 + 1) / 10.0) and g["attained"] == pytest.approx(2 / 6)
     assert math.isnan(ab.goodput([], 10.0, (1.0, 0.05))["attained"])
+    # --from-json reads a one-token request's TPOT (None in the JSON) back as NaN: still TTFT alone
+    back = [{**r, "tpot": math.nan if r["tpot"] is None else r["tpot"]} for r in recs]
+    assert ab.goodput(back, 10.0, (1.0, 0.05)) == g
 
 
 def test_slo_option_and_the_goodput_columns(ab):
