@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.slo:
             st["slo"] = list(a.slo)
         cmd = "python tools/ab_real.py " + " ".join(
-            f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in st.items()
+            f"--{k.replace('_', '-')}{'=' if k == 'server_args' else ' '}{shlex.quote(str(v))}" for k, v in st.items()
             if isinstance(v, str | int | float) and v not in (False, "") and v == v
             and k in ("configs", "runs", "duration", "last", "trace", "server_args"))
         if st.get("slo"):
