@@ -229,7 +229,7 @@ def test_report_rows_are_built_on_the_io_thread_and_bad_rows_never_wedge_the_que
     pull.bind(f"ipc://{tmp}/t.sock")
     link = EngineLink("e0", telemetry_endpoint=f"ipc://{tmp}/t.sock", policy_endpoint=f"ipc://{tmp}/p.sock")
     try:
-        done = (FinishedRequest(12, 7, "length", 0.25),)
+        done = (FinishedRequest(12, 7, "length", 0.25, 0.01),)  # no NaN: a NaN field never compares equal
         good = (3, 1.7e9, 0.004, BatchKind.DECODE, 0, 0, 5, 321, 5, 2, 400, 1000, 16, 7, False, "", 2,
                 {"wait_k": 4}, done)
         assert link.report_row((1, 2.0))  # too short
