@@ -95,7 +95,7 @@ def finished_request(req: Any) -> FinishedRequest | None:
     ttft = first - start if first > 0.0 and start > 0.0 else math.nan
     # the last token: completion_time, stamped while the batch that made it is processed (batch_result_processor),
     # as prefill_finished_time was for the first; else now, on the same clock (perf_counter)
-    end = ts.completion_time if getattr(ts, "completion_time", 0.0) > 0.0 else perf_counter()
+    end = ts.completion_time if ts.completion_time > 0.0 else perf_counter()
     tpot = (end - first) / (out - 1) if first > 0.0 and out > 1 and reason != "abort" else math.nan
     return FinishedRequest(len(req.origin_input_ids), out, reason, ttft, tpot)
 

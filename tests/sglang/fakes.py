@@ -28,7 +28,8 @@ class Lens(list):
 
 def req(rid="r", n_in=10, n_out=5, done=False, reason="FINISH_LENGTH"):
     fr = type(reason, (), {})() if done else None
-    ts = SimpleNamespace(prefill_finished_time=2.0, scheduler_recv_time=1.5, wait_queue_entry_time=1.6)
+    ts = SimpleNamespace(prefill_finished_time=2.0, scheduler_recv_time=1.5, wait_queue_entry_time=1.6,
+                         completion_time=0.0)  # 0: not stamped (sglang stamps it as the last token is processed)
     return SimpleNamespace(rid=rid, origin_input_ids=[1] * n_in, output_ids=[2] * n_out, finished_len=None,
                            finished_reason=fr, finished_output=done, time_stats=ts)
 
