@@ -18,9 +18,11 @@ import numpy as np
 from ebctl import model
 from ebctl.estimate import fit_hazard
 from ebctl.params import ControllerParams, Fit
-from ebctl.protocol import Mode
+from ebctl.protocol import Estimates, Mode
 
 MODE_Z = 2.0  # eb+ switches only when Eq. 8's margin clears its band by this many standard errors as well
+COLD_DEFER_S = 5.0  # the auto anti-starvation bound before the controller can compute one (s)
+MIN_DEFER_S, MAX_DEFER_S = 0.1, 3600.0  # the auto bound stays within these (s)
 
 
 class Snapshot(NamedTuple):
@@ -122,6 +124,27 @@ def decide(s: Snapshot, carry: Carry, p: ControllerParams) -> Decision:
     fit = Fit(p0, hz, mu_l, mu_o, th0, d_theta, theta_star, n_max, k, mode, kv_reserve(p, s.kv_total, n_star, mu_o),
               lhs, rhs, costs, s.cost_source, tuple(reasons))
     return Decision(fit, carry, vbar)
+
+
+def defer_clock(p: ControllerParams, decode_step_s: float, k: int, n: int, p0: float) -> float:
+    """The gate's anti-starvation bound: ``max_defer_s`` when set, else ``defer_factor`` times the expected time
+    to free k of n slots. With a constant hazard p0 a decode phase that frees k slots lasts ζ(k/n)/p0 steps
+    (Eq. 4's α_d·ζ·μ_O term, appendix B.2), each ``decode_step_s`` (the measured decode iteration time)."""
+    if p.max_defer_s > 0:
+        return p.max_defer_s
+    if not (math.isfinite(decode_step_s) and decode_step_s > 0 and p0 > 0 and k < n):
+        return COLD_DEFER_S
+    expected = model.zeta(k / n) / p0 * decode_step_s
+    return min(max(p.defer_factor * expected, MIN_DEFER_S), MAX_DEFER_S)
+
+
+def estimates(fit: Fit, theta: float, n: int, n_obs: float, n_window: int) -> Estimates:
+    """What a policy reports of the recompute behind it, at the θ and N it publishes (the fit's, or an arm's)."""
+    c = fit.costs
+    return Estimates(p0=fit.p0, eta=fit.hz.eta, fit_r2=fit.hz.r2, mu_l=fit.mu_l, mu_o=fit.mu_o, n_window=n_window,
+                     theta0=fit.theta0, delta_theta=fit.d_theta, theta_star=theta, n_star=n, n_obs=n_obs,
+                     eb_lhs=fit.lhs, eb_rhs=fit.rhs, alpha_p=c.alpha_p, beta_p=c.beta_p, alpha_d=c.alpha_d,
+                     beta_d=c.beta_d, cost_source=fit.cost_source)
 
 
 def eq6(p: ControllerParams, n_limit: int, kv_total: int, theta: float, p0: float, mu_l: float,

@@ -33,11 +33,11 @@ def test_a_second_process_on_one_engine_id_is_refused_until_the_first_falls_sile
     core.ingest(encode(report("e0", 1, instance="aaaa")), 1.0, 100.1)
     assert core.ingest(encode(report("e0", 0, instance="bbbb")), 1.0, 100.2) is None  # a second launch: refused
     eng = core.engines["e0"]
-    assert (eng.instance, eng.duplicates, core.counters.rejected["duplicate"], eng.controller.reports) == \
+    assert (eng.instance, eng.duplicates, core.counters.rejected["duplicate"], eng.controller.seen.reports) == \
         ("aaaa", 1, 1, 2)
     # The first process falls silent for a policy lifetime (an engine restart): the new one takes the id over.
     core.ingest(encode(report("e0", 0, instance="bbbb")), 1.0, 100.1 + ttl + 0.01)
-    assert (eng.instance, eng.controller.reports, eng.last_seq) == ("bbbb", 3, 0)
+    assert (eng.instance, eng.controller.seen.reports, eng.last_seq) == ("bbbb", 3, 0)
     st = control(core, "status").data["engines"]["e0"]
     assert st["duplicate_reports"] == 1
 

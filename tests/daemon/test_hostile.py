@@ -86,13 +86,13 @@ def test_replayed_and_out_of_order_reports_are_counted_not_ingested(fast_cfg):
     for rep in reps:
         core.ingest(encode(rep), 1.0, 1.0)
     eng = core.engines["e0"]
-    seen = eng.controller.completions
+    seen = eng.controller.seen.completions
     assert seen == 20
     for rep in (reps[3], reps[9], reps[0]):  # a replay, the last one again, an old one
         assert core.ingest(encode(rep), 1.0, 1.0) is None
-    assert eng.controller.completions == seen and eng.replayed == 3 and core.counters.rejected["replayed"] == 3
+    assert eng.controller.seen.completions == seen and eng.replayed == 3 and core.counters.rejected["replayed"] == 3
     core.ingest(encode(report("e0", 12, finished(rng, 50, 1))), 1.0, 1.0)  # later seqs go on
-    assert eng.controller.completions == 21 and eng.seq_gaps == 2
+    assert eng.controller.seen.completions == 21 and eng.seq_gaps == 2
     core.ingest(encode(report("e0", 12 + (1 << 40))), 1.0, 1.0)  # a jump: not 2**40 lost reports
     assert eng.seq_gaps == 2 and eng.seq_jumps == 1
 
@@ -114,7 +114,7 @@ def test_recent_reports_are_kept_within_their_bytes_without_finished_lists(fast_
     per = 400 + 1000  # bounds.kept_bytes by hand: the struct, and its one long string (no instance, no reasons)
     assert len(eng.recent) == (1 << 16) // per and eng.recent_bytes == len(eng.recent) * per
     assert all(not k.finished for k in eng.recent) and eng.recent[-1].seq == 1999
-    assert eng.controller.completions == 6000  # what the controller saw is whole
+    assert eng.controller.seen.completions == 6000  # what the controller saw is whole
 
 
 def test_a_policy_never_exceeds_the_engines_reported_limit(fast_cfg):

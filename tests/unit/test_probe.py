@@ -96,12 +96,12 @@ def test_eb_plus_probes_mb_while_the_mixed_fit_is_missing_then_returns():
     idle = Controller(prm)
     _, t = _drive(idle, 0.0, 400, waiting=0)
     assert idle.online_costs.passed(BatchKind.DECODE) and not idle.online_costs.passed(BatchKind.MIXED)
-    assert idle.probe.count == 0 and idle.waiting_share.value == 0.0
+    assert idle.probe.count == 0 and idle.seen.waiting_share.value == 0.0
     for i in range(400):
         idle.observe(_it(BatchKind.DECODE, t + 0.02 * i, decode=100, forward=0.02, waiting=5 if i % 10 == 0 else 0))
     assert idle.update(t + 8.0).mode is not Mode.MB and idle.probe.count == 0
     _, t = _drive(idle, t + 8.0, 400)
-    assert idle.probe.count >= 1 and idle.waiting_share.value > 0.9
+    assert idle.probe.count >= 1 and idle.seen.waiting_share.value > 0.9
 
 
 def test_no_mb_probe_while_the_decode_intercept_is_not_identified():
