@@ -3,7 +3,7 @@
 The loop reads like a sentence: poll → decode → ``controller.observe`` → ``update`` → encode → publish,
 plus a timer that re-sends every engine's latest policy (with a fresh ``issued_at``) every
 ``daemon.republish_s`` so that, while the daemon lives, no engine's policy reaches its TTL.
-``Daemon.ingest`` and ``Daemon.handle_control`` are the socket-free core; ``run`` is the shell around them.
+``Daemon.ingest`` and ``Daemon.handle_control`` are the socket-free core; ``run`` serves them through a shell.
 
 Sockets (chosen once at start-up): telemetry PULL (bind), policy PUB (bind; one frame
 ``engine_id + b"\\0" + Policy``), control REP (bind; always answers, even garbage). Nothing a peer sends
@@ -12,9 +12,16 @@ can stop the loop: bad frames are counted (``status``) and logged, rate-limited.
 Run it as ``ebctl daemon`` or ``python -m ebctl.daemon --config FILE [--set KEY=VALUE ...] [--insecure]``.
 SIGTERM (or the ``shutdown`` op) stops it cleanly with exit code 0; SIGHUP re-reads the config file.
 
-This module holds the core (``ingest``, ``handle_control``) and the entry points; ``Daemon`` gets its
-control ops (status, tune, reload, calibrate, config, shutdown) from ``control.ControlOps`` and its shell
-(sockets, loop, publishing, signals) from ``shell.DaemonShell``; the per-engine records are in ``records``.
+This module holds the core and the entry points. ``Daemon`` owns the records (``records.Engine`` per engine
+id, ``records.Counters``, the DP controllers' ``dispatch.DispatchSide``), the configuration in force
+(``control.Settings``) and the metrics registry (``metrics.DaemonCollector`` over those records), and
+composes two parts, each given exactly what it uses:
+
+* ``control.ControlOps`` (status, tune, reload, calibrate, config, shutdown): the settings, engines, dispatch
+  side, counters and ``stop``; ``handle_control`` decodes a request and calls its op.
+* ``shell.Shell`` (lock, sockets, poll loop, publishing, republish timer, signals, exporter), made by ``run``:
+  it calls back into ``ingest``, ``handle_control``, ``reload`` and ``warnings`` and publishes from
+  ``engines`` and ``dispatch`` (its ``shell.Core`` lists what it reads).
 """
 
 from __future__ import annotations
@@ -23,22 +30,20 @@ import argparse
 import logging
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import zmq
 from prometheus_client import CollectorRegistry
 
 from ebctl import bounds, config
 from ebctl.config import Config, ConfigError
 from ebctl.controller import Controller
 from ebctl.daemon import metrics
-from ebctl.daemon.control import ControlOps, load_costs
+from ebctl.daemon.control import ControlOps, Settings
 from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
 from ebctl.daemon.records import RECENT_REPORTS, SEQ_JUMP, Counters, Engine
-from ebctl.daemon.shell import DaemonShell
+from ebctl.daemon.shell import Shell
 from ebctl.link import reject_reason, topic
 from ebctl.protocol import (
     CONTROL_OPS,
@@ -53,42 +58,75 @@ from ebctl.protocol import (
 
 log = logging.getLogger("ebctl.daemon")
 
-class Daemon(ControlOps, DaemonShell):
+
+class Daemon:
     """``Daemon(cfg).run()`` serves until SIGTERM, ``shutdown`` or ``stop()``; returns the exit code."""
 
     def __init__(self, cfg: Config, *, overrides: dict[str, Any] | None = None, restarts: int = 0,
                  resume: bool = False) -> None:
-        """``restarts``: how many times a supervisor (``ebctl start``) restarted the daemon (status);
-        ``resume``: re-apply the keys the previous daemon on this runtime directory had tuned."""
-        self.cfg = cfg
-        self.overrides = dict(overrides or {})  # re-applied on reload: flags beat the file, as at start
-        self.base = cfg  # the config as file + flags gave it, before any `tune`
-        self.tuned: dict[str, Any] = {}  # keys changed by `tune` (kept across reloads that leave them alone)
-        self.restarts = restarts
-        self.costs, self.cost_source = load_costs(cfg.daemon.profile)
+        """``overrides``: the ``--set`` flags, re-applied on reload; ``restarts``: how many times a supervisor
+        (``ebctl start``) restarted the daemon (status); ``resume``: re-apply the keys the previous daemon on
+        this runtime directory had tuned."""
+        self.settings = Settings(cfg, overrides)
+        if resume:
+            self.settings.resume_tuned()
+        cfg = self.settings.cfg
         self.engines: dict[str, Engine] = {}
         self.dispatch = DispatchSide(window=cfg.dispatch.fwd_window)  # SBS: T̄_fwd per rank, the DP controllers
         self.counters = Counters()
-        self.started = time.monotonic()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(metrics.DaemonCollector(self))
+        self.registry.register(metrics.DaemonCollector(self.engines, self.dispatch, self.counters, restarts))
         self._stop = threading.Event()
-        self._reload_requested = False
-        self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
-        self.last_reload: dict[str, Any] = {}  # the last reload's outcome, for status
-        self._pub: zmq.Socket | None = None
+        self.control = ControlOps(self.settings, self.engines, self.dispatch, self.counters, restarts=restarts,
+                                  stop=self.stop)
+        c = self.control
         self._ops: dict[str, Callable[[dict[str, Any], float], ControlReply]] = {
-            "status": self._op_status, "tune": self._op_tune, "reload": self._op_reload,
-            "calibrate": self._op_calibrate, "config": self._op_config, "shutdown": self._op_shutdown}
-        if resume:
-            self.resume_tuned()
+            "status": c.status, "tune": c.tune, "reload": c.reload, "calibrate": c.calibrate, "config": c.config,
+            "shutdown": c.shutdown}
+
+    @property
+    def cfg(self) -> Config:
+        """The configuration in force (``tune`` and ``reload`` replace it)."""
+        return self.settings.cfg
+
+    @cfg.setter
+    def cfg(self, cfg: Config) -> None:
+        """Swap the configuration as is: nothing is re-applied to the controllers (the ops' ``tune`` does that)."""
+        self.settings.cfg = cfg
+
+    @property
+    def cost_source(self) -> str:
+        """Where the seed costs of new controllers come from (``daemon.profile``; "" for the defaults)."""
+        return self.settings.cost_source
+
+    @property
+    def tuned(self) -> dict[str, Any]:
+        """The keys ``tune`` changed on top of the file and flags."""
+        return self.settings.tuned
+
+    def run(self) -> int:
+        """Serve until stopped. 0: clean stop; 2: refused (security/config); 1: could not start, or its runtime
+        directory disappeared."""
+        return Shell(self, self._stop).run()
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (thread-safe; noticed within ``shell.POLL_MAX_S``)."""
+        self._stop.set()
+
+    def reload(self, via: str, now: float) -> ControlReply:
+        """Re-read the config file, as the ``reload`` op does; ``via``: who asked ("SIGHUP"), shown in status."""
+        return self.control.reread(via, now)
+
+    def warnings(self) -> list[str]:
+        """What an operator should fix in the set-up that runs, though the daemon serves."""
+        return self.control.warnings()
 
     # --- the core: no sockets, testable with bytes ----------------------------------------------------
     def ingest(self, frame: bytes, now: float, mono: float) -> Engine | DispatchRecord | None:
         """decode → bound → observe → update one report; the engine (or DP-controller dispatcher) whose policy
         should be published, or None. Every frame is counted once: received, dispatch_received or rejected."""
         self.counters.frames += 1
-        lim = self.cfg.daemon
+        lim = self.settings.cfg.daemon
         try:
             r: IterationReport | DispatchReport = decode(frame, Telemetry)
         except ProtocolError as e:
@@ -144,7 +182,7 @@ class Daemon(ControlOps, DaemonShell):
         kept = msgspec.structs.replace(r, finished=()) if r.finished else r
         eng.recent.append(kept)
         eng.recent_bytes += bounds.kept_bytes(kept)
-        while len(eng.recent) > RECENT_REPORTS or (eng.recent_bytes > self.cfg.daemon.recent_bytes
+        while len(eng.recent) > RECENT_REPORTS or (eng.recent_bytes > self.settings.cfg.daemon.recent_bytes
                                                    and len(eng.recent) > 1):
             eng.recent_bytes -= bounds.kept_bytes(eng.recent.popleft())
 
@@ -170,12 +208,13 @@ class Daemon(ControlOps, DaemonShell):
         if "\0" in engine_id:
             self._reject(self.counters.rejected, ProtocolError(f"engine {engine_id!r}: NUL in engine id"), "report")
             return None
-        if len(self.engines) >= self.cfg.daemon.max_engines:
+        s = self.settings
+        if len(self.engines) >= s.cfg.daemon.max_engines:
             self._reject(self.counters.rejected, ProtocolError(
-                f"engine {engine_id!r}: more than daemon.max_engines={self.cfg.daemon.max_engines} engines"),
+                f"engine {engine_id!r}: more than daemon.max_engines={s.cfg.daemon.max_engines} engines"),
                 "report", "bound:engines")
             return None
-        ctl = Controller(self.cfg.controller, self.costs, engine_id=engine_id, cost_source=self.cost_source)
+        ctl = Controller(s.cfg.controller, s.costs, engine_id=engine_id, cost_source=s.cost_source)
         eng = self.engines[engine_id] = Engine(ctl, topic(engine_id), created=mono)
         log.info("new engine %r", engine_id)
         return eng

@@ -1,8 +1,9 @@
 """Prometheus view of the daemon: a Collector that reads the controllers when scraped.
 
 Nothing is pushed or cached: ``collect()`` reads each engine's current policy, estimates, costs and
-counters. The daemon registers it on its own ``CollectorRegistry`` and serves that registry over HTTP
-only when ``daemon.metrics_port`` > 0 (bound to ``daemon.metrics_host``, localhost by default).
+counters, and each dispatcher's latest report, from the records it was given (``records``, ``dispatch``).
+The daemon registers it on its own ``CollectorRegistry`` and serves that registry over HTTP only when
+``daemon.metrics_port`` > 0 (bound to ``daemon.metrics_host``, localhost by default).
 Tests read samples with ``registry.get_sample_value``.
 """
 
@@ -12,11 +13,12 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ebctl.daemon.dispatch import DispatchSide
+from ebctl.daemon.records import Counters, Engine
 from ebctl.protocol import Mode
 
 PREFIX = "ebctl"
@@ -37,15 +39,16 @@ ESTIMATE_GAUGES = {
 
 
 class DaemonCollector(Collector):
-    """Gauges and counters per engine id, read from a running ``Daemon`` at scrape time."""
+    """Gauges and counters per engine id and dispatcher, and the daemon's counters, read at scrape time from the
+    daemon's records (the same objects the loop updates); ``restarts``: how many times ``ebctl start``
+    restarted the daemon."""
 
-    def __init__(self, daemon: Any) -> None:
-        """``daemon``: a ``core.Daemon`` (its ``engines`` and ``counters`` are read at each scrape)."""
-        self._daemon = daemon
+    def __init__(self, engines: dict[str, Engine], dispatch: DispatchSide, counters: Counters, restarts: int
+                 ) -> None:
+        self._engines, self._dispatch, self._counters, self._restarts = engines, dispatch, counters, restarts
 
     def collect(self) -> Iterator[Metric]:
-        d = self._daemon
-        engines = list(d.engines.items())  # one atomic copy: the loop may add engines meanwhile
+        engines = list(self._engines.items())  # one atomic copy: the loop may add engines meanwhile
         mono = time.monotonic()
 
         def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -85,13 +88,13 @@ class DaemonCollector(Collector):
         explore_g = gauge("exploration_cost_share", "measured θ: share of the time given up to trying arms")
         for eid, eng in engines:
             ctl = eng.controller
-            pol = ctl.policy
+            pol, st = ctl.policy, ctl.status()
             est = pol.estimates
             for k, g in est_g.items():  # NaN until the first recompute
                 g.add_metric([eid], math.nan if est is None else float(getattr(est, k)))
             k_g.add_metric([eid], pol.k)
             n_g.add_metric([eid], pol.n_max)
-            n_obs.add_metric([eid], ctl.n_obs.value)
+            n_obs.add_metric([eid], st["n_obs"])
             kv_g.add_metric([eid], pol.kv_reserve_frac)
             for m in Mode:
                 mode_g.add_metric([eid, m.value], 1.0 if pol.mode is m else 0.0)
@@ -103,14 +106,13 @@ class DaemonCollector(Collector):
             for phase, fit in ctl.cost_fits().items():
                 err_g.add_metric([eid, phase], fit.get("rel_err", math.nan))
                 use_g.add_metric([eid, phase], 1.0 if fit["in_use"] else 0.0)
-            reports.add_metric([eid], ctl.reports)
+            reports.add_metric([eid], ctl.seen.reports)
             updates.add_metric([eid], ctl.updates)
             gaps.add_metric([eid], eng.seq_gaps)
-            for reason, n in ctl.gate_reasons.items():
+            for reason, n in ctl.seen.gate_reasons.items():
                 gate.add_metric([eid, reason], n)
             defer_g.add_metric([eid], pol.max_defer_s)
-            group_g.add_metric([eid], ctl.group_size)
-            st = ctl.status()
+            group_g.add_metric([eid], ctl.seen.group_size)
             tok_g.add_metric([eid], st["output_tok_s"])
             g = st["gain"] or {}  # NaN without the measured search
             for which, key in (("estimate", "vs_stock"), ("low", "low"), ("high", "high")):
@@ -130,7 +132,7 @@ class DaemonCollector(Collector):
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
                     updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s, tok_g, gain_g,
                     explore_g)
-        c = d.counters
+        c = self._counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])
         for reason, n in c.rejected.items():
@@ -154,19 +156,19 @@ class DaemonCollector(Collector):
         for kind, n in c.handshake_failed.items():
             hs.add_metric([kind], n)
         yield hs
-        yield from dispatch_metrics(d, mono)
+        yield from dispatch_metrics(self._dispatch, mono)
         yield GaugeMetricFamily(f"{PREFIX}_engines", "engine ids known", value=len(engines))
         yield CounterMetricFamily(f"{PREFIX}_daemon_restarts", "times ebctl start restarted the daemon (this one "
-                                  "included)", value=d.restarts)
+                                  "included)", value=self._restarts)
 
 
 # DispatchReport counters exported as ebctl_dispatch_requests{dispatcher, how}
 _DISPATCH_HOW = ("arrived", "released", "passed", "overloaded", "flushed", "aborted")
 
 
-def dispatch_metrics(d: Any, mono: float) -> Iterator[Metric]:
+def dispatch_metrics(dispatch: DispatchSide, mono: float) -> Iterator[Metric]:
     """The DP controllers' dispatchers (SBS, ``dispatch.py``): from each one's latest report and policy."""
-    recs = list(d.dispatch.dispatchers.items())
+    recs = list(dispatch.dispatchers.items())
 
     def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
         return GaugeMetricFamily(f"{PREFIX}_dispatch_{name}", doc, labels=["dispatcher", *labels])

@@ -1,6 +1,6 @@
 """The daemon's records: one engine id's controller and bookkeeping, and the daemon's counters. Plain data,
-read by every other module of ``ebctl.daemon``, which import downward only: ``records`` → ``metrics`` and
-``control`` → ``shell`` → ``core``."""
+read by every other module of ``ebctl.daemon``, which import downward only: ``records`` and ``dispatch`` →
+``metrics`` and ``control`` → ``shell`` → ``core``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The daemon's shell, a mixin of ``ebctl.daemon.core.Daemon``: start-up checks and the runtime-dir lock, the
-three sockets (and their handshake monitors), the poll loop, publishing and republishing policies, signals,
-and the metrics HTTP server. The socket-free core it drives (``ingest``, ``handle_control``, ``reload``)
-lives in ``core.py`` and ``control.py``; it also uses the Daemon's ``cfg``, ``engines``,
-``counters``, ``registry``, ``_stop``, ``_reload_requested`` and ``_pub``.
+"""The daemon's shell: start-up checks and the runtime-dir lock, the three sockets (and their handshake
+monitors), the poll loop, publishing and republishing policies, signals, and the metrics HTTP server.
+
+``Shell(core, stop).run()`` serves a socket-free core (``Core``: what ``core.Daemon`` offers) until ``stop``
+is set: telemetry frames go to ``core.ingest``, control requests to ``core.handle_control``, SIGHUP to
+``core.reload``; the engines and dispatchers whose policy changed are published from ``core.engines`` and
+``core.dispatch``. The shell owns the sockets, the lock and the timers, and counts its own events (publishes,
+handshakes, faults) in ``core.counters``.
 """
 
 from __future__ import annotations
@@ -15,18 +18,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import zmq
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from zmq.utils.monitor import recv_monitor_message
 
 from ebctl import bounds, security
-from ebctl.config import ConfigError
+from ebctl.config import Config, ConfigError
 from ebctl.daemon.control import preflight
-from ebctl.daemon.dispatch import DispatchRecord
-from ebctl.daemon.records import HANDSHAKE_EVENTS, Engine
+from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
+from ebctl.daemon.records import HANDSHAKE_EVENTS, Counters, Engine
 from ebctl.protocol import ControlReply, Mode, encode
 
 log = logging.getLogger("ebctl.daemon")
@@ -36,12 +39,37 @@ POLL_MAX_S = 0.1  # longest sleep: how soon a signal or stop() is noticed
 MAX_MSG_BYTES = 4 << 20
 RUN_DIR_CHECK_S = 1.0  # how often the loop checks that its runtime directory and sockets still exist
 
-class DaemonShell:
-    """The shell of ``Daemon``: sockets, timers, signals."""
 
-    def stop(self) -> None:
-        """Ask ``run`` to return (thread-safe; noticed within POLL_MAX_S)."""
-        self._stop.set()
+class Core(Protocol):
+    """The socket-free daemon the shell serves (``core.Daemon``)."""
+
+    engines: dict[str, Engine]
+    dispatch: DispatchSide
+    counters: Counters
+    registry: CollectorRegistry
+
+    @property
+    def cfg(self) -> Config: ...
+
+    def ingest(self, frame: bytes, now: float, mono: float) -> Engine | DispatchRecord | None: ...
+
+    def handle_control(self, frames: list[bytes], now: float) -> ControlReply: ...
+
+    def reload(self, via: str, now: float) -> ControlReply: ...
+
+    def warnings(self) -> list[str]: ...
+
+
+class Shell:
+    """Sockets, timers and signals around ``core``; ``stop``: set it (a signal, the ``shutdown`` op,
+    ``Daemon.stop``) and ``run`` returns within POLL_MAX_S."""
+
+    def __init__(self, core: Core, stop: threading.Event) -> None:
+        self.core, self._stop = core, stop
+        self._reload_requested = False  # set by SIGHUP, acted on by the loop
+        self._pub: zmq.Socket | None = None
+        self._lock_fd = -1
+        self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
 
     def run(self) -> int:
         """Serve until stopped. 0: clean stop; 2: refused (security/config); 1: could not start."""
@@ -58,18 +86,19 @@ class DaemonShell:
         bound: list[Path] = []
         ctx = zmq.Context()
         auth, http = None, None
+        cfg = self.core.cfg  # the sockets and the exporter are set up once: their keys need a restart
         try:
-            auth = security.start_authenticator(ctx, self.cfg)
+            auth = security.start_authenticator(ctx, cfg)
             tel, self._pub, ctl = (self._bind(ctx, kind, which, sockets, bound) for kind, which in
                                    ((zmq.PULL, "telemetry"), (zmq.PUB, "policy"), (zmq.REP, "control")))
             monitors = {s.get_monitor_socket(sum(HANDSHAKE_EVENTS)): s for s in (tel, self._pub, ctl)}
             sockets.extend(monitors)
-            if self.cfg.daemon.metrics_port:
-                http = start_http_server(self.cfg.daemon.metrics_port, addr=self.cfg.daemon.metrics_host,
-                                         registry=self.registry)[0]
-            log.info("serving: telemetry %s, policy %s, control %s%s", *(self.cfg.endpoint(w) for w in
-                     security.ENDPOINTS), f", metrics :{self.cfg.daemon.metrics_port}" if http else "")
-            for warning in self.warnings():
+            if cfg.daemon.metrics_port:
+                http = start_http_server(cfg.daemon.metrics_port, addr=cfg.daemon.metrics_host,
+                                         registry=self.core.registry)[0]
+            log.info("serving: telemetry %s, policy %s, control %s%s", *(cfg.endpoint(w) for w in
+                     security.ENDPOINTS), f", metrics :{cfg.daemon.metrics_port}" if http else "")
+            for warning in self.core.warnings():
                 log.warning("%s", warning)
             self._loop(tel, ctl, monitors)
         except (zmq.ZMQError, OSError) as e:
@@ -92,12 +121,13 @@ class DaemonShell:
         return self.exit_code
 
     def _prepare(self) -> None:
-        preflight(self.cfg)  # what `ebctl config check` checks too
-        run_dir = security.ensure_runtime_dir(self.cfg.daemon.runtime_dir)
+        cfg = self.core.cfg
+        preflight(cfg)  # what `ebctl config check` checks too
+        run_dir = security.ensure_runtime_dir(cfg.daemon.runtime_dir)
         for which in security.ENDPOINTS:
-            path = security.ipc_path(self.cfg.endpoint(which))
+            path = security.ipc_path(cfg.endpoint(which))
             if path is not None and path.parent != run_dir:
-                if self.cfg.daemon.insecure:
+                if cfg.daemon.insecure:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 else:
                     security.ensure_runtime_dir(path.parent)
@@ -117,9 +147,10 @@ class DaemonShell:
         sockets.append(s)
         s.linger = 0
         s.maxmsgsize = MAX_MSG_BYTES
-        ep = self.cfg.endpoint(which)
-        if security.needs_curve(ep) and self.cfg.daemon.curve_server_key:
-            security.apply_server(s, self.cfg.daemon.curve_server_key)
+        cfg = self.core.cfg
+        ep = cfg.endpoint(which)
+        if security.needs_curve(ep) and cfg.daemon.curve_server_key:
+            security.apply_server(s, cfg.daemon.curve_server_key)
         if kind == zmq.PULL:
             s.rcvhwm = 100_000
         s.bind(ep)
@@ -144,7 +175,7 @@ class DaemonShell:
         poller = zmq.Poller()
         for s in (tel, ctl, *monitors):
             poller.register(s, zmq.POLLIN)
-        next_republish = time.monotonic() + self.cfg.daemon.republish_s
+        next_republish = time.monotonic() + self.core.cfg.daemon.republish_s
         next_check = time.monotonic() + RUN_DIR_CHECK_S
         while not self._stop.is_set():
             wait = min(max(next_republish - time.monotonic(), 0.0), POLL_MAX_S)
@@ -154,7 +185,7 @@ class DaemonShell:
                 self._drain(tel, now, mono)
             if ctl in ready:
                 frames = ctl.recv_multipart()
-                reply = self._contained("control request", self.handle_control, frames, now)
+                reply = self._contained("control request", self.core.handle_control, frames, now)
                 ctl.send(self._encode_reply(reply or ControlReply(ok=False, error="internal error (logged)")))
                 self._contained("publish", self._publish_changed, now, mono)
             for m in monitors:
@@ -162,13 +193,13 @@ class DaemonShell:
                     self._count_handshake(m)
             if self._reload_requested:
                 self._reload_requested = False
-                reply = self._contained("reload", self.reload, now)
-                self.note_reload(reply, "SIGHUP", now)
-                log.info("SIGHUP reload: %s", "ok" if reply and reply.ok else self.last_reload["error"])
+                reply = self._contained("reload", self.core.reload, "SIGHUP", now)
+                log.info("SIGHUP reload: %s", "internal error (logged)" if reply is None else
+                         "ok" if reply.ok else reply.error)
                 self._contained("publish", self._publish_changed, now, mono)
             if mono >= next_republish:
                 self._contained("republish", self._republish, now, mono)
-                next_republish = mono + self.cfg.daemon.republish_s
+                next_republish = mono + self.core.cfg.daemon.republish_s
             if mono >= next_check:
                 next_check = mono + RUN_DIR_CHECK_S
                 if (gone := self._run_dir_gone()) is not None:
@@ -183,19 +214,21 @@ class DaemonShell:
         try:
             return fn(*args)
         except Exception:
-            self.counters.faults += 1
-            if self.counters.faults <= 20 or self.counters.faults % 1000 == 0:
-                log.exception("fault %d, in a %s (the daemon goes on)", self.counters.faults, what)
+            c = self.core.counters
+            c.faults += 1
+            if c.faults <= 20 or c.faults % 1000 == 0:
+                log.exception("fault %d, in a %s (the daemon goes on)", c.faults, what)
             return None
 
     def _run_dir_gone(self) -> Path | None:
         """The runtime directory or one of its socket files, if it was deleted under the daemon (then the
         CLI and new engines could not find it, and a second daemon could start beside it)."""
-        run_dir = Path(self.cfg.daemon.runtime_dir)
+        cfg = self.core.cfg
+        run_dir = Path(cfg.daemon.runtime_dir)
         if not run_dir.is_dir():
             return run_dir
         for which in security.ENDPOINTS:
-            path = security.ipc_path(self.cfg.endpoint(which))
+            path = security.ipc_path(cfg.endpoint(which))
             if path is not None and not path.exists():
                 return path
         return None
@@ -206,7 +239,7 @@ class DaemonShell:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            eng = self._contained("report", self.ingest, frame, now, mono)
+            eng = self._contained("report", self.core.ingest, frame, now, mono)
             if eng is not None:
                 self._contained("publish", self._publish, eng, now, mono)
 
@@ -215,56 +248,58 @@ class DaemonShell:
         if type(eng) is DispatchRecord:
             self._publish_dispatch(eng, now, mono)
             return
-        ctl = eng.controller
+        ctl, c = eng.controller, self.core.counters
         pol = msgspec.structs.replace(ctl.policy, issued_at=now, ttl_s=ctl.params.ttl_s)
-        if (fault := bounds.policy_fault(pol, ctl.engine_limit)) is not None:
-            self.counters.policies_refused += 1
-            if self.counters.policies_refused <= 5 or self.counters.policies_refused % 1000 == 0:
+        if (fault := bounds.policy_fault(pol, ctl.seen.engine_limit)) is not None:
+            c.policies_refused += 1
+            if c.policies_refused <= 5 or c.policies_refused % 1000 == 0:
                 log.error("policy %d of engine %r not sent (%s): stock instead", pol.version, ctl.engine_id, fault)
             pol = msgspec.structs.replace(pol, mode=Mode.OFF, k=1, n_max=1, kv_reserve_frac=0.0,
                                           reason=f"stock: the daemon refused its own policy ({fault})")
         try:
             frame = eng.topic + encode(pol)
         except (TypeError, msgspec.EncodeError):
-            self.counters.publish_errors += 1
+            c.publish_errors += 1
             log.exception("cannot encode the policy of %r", ctl.engine_id)
             return
         self._pub.send(frame)  # PUB never blocks: a subscriber that is not keeping up loses old policies
         if pol.version != eng.published:
             eng.published, eng.last_update = pol.version, mono
-            self.counters.published += 1
+            c.published += 1
         else:
-            self.counters.republished += 1
+            c.republished += 1
 
     def _publish_dispatch(self, rec: DispatchRecord, now: float, mono: float) -> None:
         """Send a DP controller's SBS policy (``dispatch.py``), computed now from the ranks' forward times."""
+        c = self.core.counters
         old = rec.policy.version if rec.policy is not None else None
         try:
-            pol = self.dispatch.policy(rec, self.cfg, now)
+            pol = self.core.dispatch.policy(rec, self.core.cfg, now)
             frame = rec.topic + encode(pol)
         except (TypeError, ValueError, msgspec.EncodeError):
-            self.counters.publish_errors += 1
+            c.publish_errors += 1
             log.exception("cannot encode the dispatch policy of %r", rec.dispatcher_id)
             return
         self._pub.send(frame)
         rec.policy, rec.published_at = pol, mono
         if pol.version != old:
-            self.counters.published += 1
+            c.published += 1
         else:
-            self.counters.republished += 1
+            c.republished += 1
 
     def _publish_changed(self, now: float, mono: float) -> None:
-        for eng in self.engines.values():
+        for eng in self.core.engines.values():
             if eng.controller.policy.version != eng.published:
                 self._publish(eng, now, mono)
-        for rec in self.dispatch.dispatchers.values():  # after a tune or reload of [dispatch] or the TTL
-            if rec.published_cfg != (self.cfg.dispatch, self.cfg.controller.ttl_s):
+        cfg = self.core.cfg
+        for rec in self.core.dispatch.dispatchers.values():  # after a tune or reload of [dispatch] or the TTL
+            if rec.published_cfg != (cfg.dispatch, cfg.controller.ttl_s):
                 self._publish_dispatch(rec, now, mono)
 
     def _republish(self, now: float, mono: float) -> None:
-        for eng in self.engines.values():
+        for eng in self.core.engines.values():
             self._publish(eng, now, mono)
-        for rec in self.dispatch.dispatchers.values():  # T̄_fwd moves with every report: refreshed here
+        for rec in self.core.dispatch.dispatchers.values():  # T̄_fwd moves with every report: refreshed here
             self._publish_dispatch(rec, now, mono)
 
     def _count_handshake(self, monitor: zmq.Socket) -> None:
@@ -274,8 +309,9 @@ class DaemonShell:
             return
         kind = HANDSHAKE_EVENTS.get(event["event"])
         if kind is not None:
-            self.counters.handshake_failed[kind] += 1
-            n = sum(self.counters.handshake_failed.values())
+            failed = self.core.counters.handshake_failed
+            failed[kind] += 1
+            n = sum(failed.values())
             if n <= 5 or n % 1000 == 0:  # a crowd of strangers cannot flood the log
                 log.warning("handshake failed (%s) on %s (%d so far; every 1000th is logged)", kind,
                             event.get("endpoint", b"").decode(errors="replace"), n)
@@ -284,6 +320,7 @@ class DaemonShell:
         try:
             return encode(reply)
         except (TypeError, msgspec.EncodeError) as e:
-            self.counters.control_errors += 1
-            self.counters.faults += 1  # the daemon's own reply: not the client's mistake
+            c = self.core.counters
+            c.control_errors += 1
+            c.faults += 1  # the daemon's own reply: not the client's mistake
             return encode(ControlReply(ok=False, error=f"reply not encodable: {e}"))
