@@ -83,43 +83,53 @@ def test_each_engine_gets_its_own_policy_and_it_follows_the_output_lengths(spawn
 
 
 def test_kill9_then_restart_links_fail_open_and_come_back(spawn, tmp):
+    """While the daemon lives, its re-publishing alone keeps the policies alive; after kill -9 the links keep the
+    last one for exactly its TTL, then fall back to stock; reports to the dead daemon are dropped and counted,
+    never waited on; a new daemon on the same sockets is picked up. Nothing here measures wall time: re-publishing
+    shows in the issued_at (the daemon's clock) of the policy a link holds, the TTL in the link's own record of
+    when it saw the last policy, and every wait is a deadline that only bounds a hang."""
+    import threading
+
     d = spawn()
     ttl = d.cfg.controller.ttl_s
     links = [EngineLink(f"dp{i}", telemetry_endpoint=d.cfg.endpoint("telemetry"),
                         policy_endpoint=d.cfg.endpoint("policy"), queue=50) for i in range(2)]
-    worst, calls, seq = 0.0, 0, 0
+    calls, seq = 0, 0
 
     def step():
-        nonlocal worst, calls, seq
+        nonlocal calls, seq
         for link in links:
-            t = time.perf_counter()
             link.report(report(link.engine_id, seq))
-            worst = max(worst, time.perf_counter() - t)
             calls += 1
         seq += 1
         time.sleep(0.001)
         return [link.policy(time.monotonic()) for link in links]
 
-    wait_for(lambda: all(step()), what="first policies")
-    quiet_until = time.monotonic() + 1.5 * ttl  # no reports: the daemon's re-publishing alone keeps them alive
-    while time.monotonic() < quiet_until:
-        assert all(link.policy(time.monotonic()) for link in links), "a policy lapsed while the daemon lives"
-        time.sleep(0.01)
+    def held():
+        return [link.policy(time.monotonic()) for link in links]
+
+    first = wait_for(lambda: all(p := step()) and p, what="first policies")
+    # no more reports: what the links receive now is re-published; both must come to hold (in force) a policy
+    # issued more than 1.5 TTL after their first: the daemon kept issuing them without a report for longer than a TTL
+    alive = wait_for(lambda: all(p := held()) and all(q.issued_at > f.issued_at + 1.5 * ttl
+                                                        for q, f in zip(p, first, strict=True)) and p,
+                     what="policies re-published for 1.5 TTL without a report")
     d.kill9()
-    killed = time.monotonic()
-    assert all(step())  # the last policies stay in force until their TTL ...
-    wait_for(lambda: not any(step()), timeout=ttl + 2, what="policies to expire")  # ... then stock behaviour
-    expired_after = time.monotonic() - killed
-    # the last republish (every 0.2 s) came shortly before the kill; a loaded machine widens both margins
-    assert ttl - scaled(0.3) < expired_after < ttl + scaled(1.0), expired_after
-    for _ in range(100):  # the daemon stays dead for a while: reports pile up and are dropped, never block
-        assert not any(step())
+    wait_for(lambda: not any(held()), timeout=ttl + 2, what="policies to expire")  # then stock behaviour
+    for link, before in zip(links, alive, strict=True):
+        st = link.stats()
+        seen, until = st["policy_received_at"], st["policy_expires_at"]
+        assert abs(until - seen - ttl) < 1e-9, st  # in force for its TTL from when the link first saw it
+        last = link.policy(until - 1e-6)  # on the link's clock, just before and at the expiry
+        assert last is not None and last.issued_at >= before.issued_at and link.policy(until) is None
+    dead = []  # the daemon stays dead for a while: reports pile up and are dropped, never block (a thread of their
+    # own: a report() that blocked would run into the deadline)
+    stepping = threading.Thread(target=lambda: dead.extend(step() for _ in range(300)), daemon=True)
+    stepping.start()
+    wait_for(lambda: not stepping.is_alive(), what="300 steps against the dead daemon")
+    assert len(dead) == 300 and not any(any(ps) for ps in dead)
     d2 = spawn(d.cfg_path)  # a new daemon on the same sockets; the links do nothing special
-    restarted = time.monotonic()
     ps = wait_for(lambda: all(p := step()) and p, timeout=10, what="policies from the restarted daemon")
-    print(f"worst report() over {calls} calls across kill -9 and restart: {worst * 1e6:.0f} µs; "
-          f"expired {expired_after:.2f} s after the kill; back {time.monotonic() - restarted:.2f} s after restart")
-    assert worst < scaled(0.05)  # "never blocks" (a correctness bound, not a benchmark)
     assert [p.engine_id for p in ps] == ["dp0", "dp1"]
     stats = [link.stats() for link in links]
     assert all(s["dropped"] > 0 and s["sent"] + s["queued"] + s["dropped"] == calls // 2 for s in stats), stats

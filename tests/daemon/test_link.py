@@ -65,13 +65,23 @@ def connected(pub, link, engine_id):
 
 
 def test_report_never_blocks_and_counts_drops_without_a_daemon(tmp):
+    """No daemon: report() returns every time (False once the bounded queue is full: dropped and counted) and
+    close() returns, ending the link's I/O thread. A call that blocked would never return: each runs on a thread
+    of its own, and a generous deadline, whose expiry is the failure, bounds the wait; how long they took is not
+    asserted."""
+    before = set(threading.enumerate())
     link = EngineLink("e0", telemetry_endpoint=f"ipc://{tmp}/absent.sock", policy_endpoint=f"ipc://{tmp}/p.sock",
                       queue=10)
-    worst, results = 0.0, []
-    for i in range(200):
-        t = time.perf_counter()
-        results.append(link.report(report("e0", i)))
-        worst = max(worst, time.perf_counter() - t)
+    io_threads = [th for th in set(threading.enumerate()) - before if th.name.startswith("ebctl-link")]
+    results = []
+
+    def returns(call, what):
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        wait_for(lambda: not th.is_alive(), timeout=10, what=what)
+
+    returns(lambda: results.extend(link.report(report("e0", i)) for i in range(200)), "200 report() calls")
+    assert len(results) == 200
     s = link.stats()
     assert results[0] and not results[-1]
     # every report is counted once: handed to ZeroMQ, still in the bounded queue, or dropped
@@ -79,12 +89,10 @@ def test_report_never_blocks_and_counts_drops_without_a_daemon(tmp):
     assert s["sent"] + s["queued"] + s["dropped"] == 200
     assert 1 <= s["sent"] + s["queued"] <= 20  # the queue bound (plus what the transport buffers), not 200
     assert link.policy(time.monotonic()) is None
-    print(f"worst report() with no daemon: {worst * 1e6:.0f} µs")
-    assert worst < scaled(0.05)  # "never blocks": a correctness bound, not a benchmark
-    t = time.perf_counter()
-    link.close()
-    link.close()  # idempotent
-    assert time.perf_counter() - t < scaled(1.0)  # linger 0: close never waits for the absent peer
+    assert len(io_threads) == 1 and io_threads[0].is_alive()
+    # linger 0: close drops what ZeroMQ still holds for the absent peer instead of waiting for it (forever)
+    returns(lambda: (link.close(), link.close()), "close() twice (idempotent)")
+    assert not io_threads[0].is_alive()  # the I/O thread ended
     assert link.report(report("e0", 201)) is False  # after close: dropped, no exception
 
 
@@ -176,11 +184,20 @@ def test_plaintext_tcp_refused_unless_insecure(tmp):
 def test_control_client_times_out_then_recovers_lazy_pirate(tmp):
     ep = f"ipc://{tmp}/control.sock"
     client = ControlClient(ep, timeout_s=0.2)
-    t = time.monotonic()
-    with pytest.raises(DaemonUnreachable, match=str(tmp)) as e:
-        client.request("status")
-    assert isinstance(e.value, ConnectionError) and e.value.endpoint == ep
-    assert time.monotonic() - t < scaled(2.0)  # gave up after its timeout, not never
+    raised = []
+
+    def ask():
+        try:
+            client.request("status")
+        except DaemonUnreachable as err:
+            raised.append(err)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    # it gives up, not never: a request that hung would run into this deadline (its duration is not asserted)
+    wait_for(lambda: not asking.is_alive(), timeout=10, what="the request to an absent daemon to give up")
+    assert len(raised) == 1 and str(tmp) in str(raised[0])
+    assert isinstance(raised[0], ConnectionError) and raised[0].endpoint == ep
 
     ctx = zmq.Context()
     rep = ctx.socket(zmq.REP)
@@ -210,10 +227,23 @@ def test_control_client_times_out_then_recovers_lazy_pirate(tmp):
 def test_control_client_wait_ready_gives_up_on_a_dead_daemon(tmp):
     from ebctl.link import ControlClient, DaemonUnreachable
     client = ControlClient(f"ipc://{tmp}/nobody.sock", timeout_s=0.05)
-    t = time.monotonic()
+    asked, checked = [], []
+    real_request = client.request
+
+    def request(op, **args):
+        asked.append(op)
+        return real_request(op, **args)
+
+    def alive():  # the daemon process lives through two unanswered requests, then it is gone
+        checked.append(len(asked))
+        return len(checked) < 3
+
+    client.request = request
     with pytest.raises(DaemonUnreachable, match=r"nobody\.sock"):
-        client.wait_ready(30, alive=lambda: False)  # the process is gone: no reason to wait 30 s
-    assert time.monotonic() - t < 25  # gave up before the 30 s it was offered (generous: a loaded machine)
+        client.wait_ready(30, alive=alive)
+    # it asked whether the process lives after each unanswered request, and stopped at the first "no": three
+    # requests, not the 30 s it was offered
+    assert asked == ["status"] * 3 and checked == [1, 2, 3]
     client.close()
 
 

@@ -193,16 +193,39 @@ def test_tp_eb_is_the_cycle_throughput():
 
 
 def test_prefers_eb_delta_direction():
+    """Eq. 8 worked by hand at θ = 0.05, N = 512, μ_L = μ_O = 512, α_MB = 0:
+    lhs = β_MB − β_EB^w = 5.5e-5 − (2.5e-5·512 + 4.6e-5·512)/1024 = 5.5e-5 − 3.55e-5 = 1.95e-5;
+    rhs = (α_p + α_d·ζ·μ_O)/θ / (N(μ_L + μ_O)), ζ = −ln 0.95 = 0.0512933: α_d·ζ·μ_O = 9e-3·0.0512933·512 = 0.2363595,
+    + α_p = 0.2373595, / θ = 4.747190, / (512·1024 = 524,288) = 9.0545e-6. lhs − rhs = 1.0445e-5: EB for any δ below
+    that, MB above it. With β_MB = 4.0e-5, lhs = 4.5e-6 < rhs: MB at δ = 0, and δ = −5e-6 (favouring EB) flips it."""
     p = dict(theta=0.05, n=512, alpha_p=1e-3, beta_p=2.5e-5, alpha_d=9e-3, beta_d=4.6e-5, alpha_mb=0.0,
              mu_l=512, mu_o=512)
-    lhs, rhs = model.eb_criterion(beta_mb=5.5e-5, **p)
-    assert model.prefers_eb(beta_mb=5.5e-5, delta=(lhs - rhs) * 0.5, **p)
-    assert not model.prefers_eb(beta_mb=5.5e-5, delta=(lhs - rhs) * 1.5, **p)
+    assert model.eb_criterion(beta_mb=5.5e-5, **p) == pytest.approx((1.95e-5, 9.0545e-6), rel=1e-4)
+    assert model.prefers_eb(beta_mb=5.5e-5, **p)  # δ = 0: Eq. 7
+    assert model.prefers_eb(beta_mb=5.5e-5, delta=1.0e-5, **p)
+    assert not model.prefers_eb(beta_mb=5.5e-5, delta=1.1e-5, **p)
+    assert not model.prefers_eb(beta_mb=4.0e-5, **p)
+    assert model.prefers_eb(beta_mb=4.0e-5, delta=-5e-6, **p)
 
 
 def test_kv_reserve_fraction_eq23():
-    f = model.kv_reserve_fraction(n=256, mu_o=200, block_size=16, total_blocks=10000)
-    assert f == pytest.approx(256 * 200 * 0.5 / (16 * 10000))
-    assert model.kv_reserve_fraction(n=1, mu_o=1, block_size=16, total_blocks=10000) == 0.05
-    assert model.kv_reserve_fraction(n=1e6, mu_o=1e3, block_size=16, total_blocks=10) == 0.6
-    assert model.kv_reserve_fraction(n=10, mu_o=10, block_size=16, total_blocks=0) == 0.6
+    """Eq. 23 by hand: 256 requests that each still write on average s_KV·μ_O = 0.5·200 tokens need 25,600 tokens,
+    1,600 blocks of 16, which is 0.16 of 10,000 blocks; f0 adds to that; whole outputs (s_KV = 1) need twice as
+    much; the same tokens in blocks of 32 are 800 blocks, 0.08. Then the clip [0.05, 0.6] and its directions."""
+    f = model.kv_reserve_fraction
+    assert f(n=256, mu_o=200, block_size=16, total_blocks=10000) == pytest.approx(0.16)
+    assert f(n=256, mu_o=200, block_size=16, total_blocks=10000, f0=0.1) == pytest.approx(0.26)
+    assert f(n=256, mu_o=200, block_size=16, total_blocks=10000, s_kv=1.0) == pytest.approx(0.32)
+    assert f(n=256, mu_o=200, block_size=32, total_blocks=10000) == pytest.approx(0.08)
+    assert f(n=1, mu_o=1, block_size=16, total_blocks=10000) == 0.05
+    assert f(n=1e6, mu_o=1e3, block_size=16, total_blocks=10) == 0.6
+    assert f(n=10, mu_o=10, block_size=16, total_blocks=0) == 0.6
+    # more requests or longer outputs never reserve less; a larger cache never reserves a larger share
+    grid = [(n, mu_o, blocks) for n in (1, 64, 256, 4096) for mu_o in (1.0, 50.0, 200.0, 2000.0)
+            for blocks in (100, 10000, 10**6)]
+    for n, mu_o, blocks in grid:
+        here = f(n=n, mu_o=mu_o, block_size=16, total_blocks=blocks)
+        assert 0.05 <= here <= 0.6
+        assert f(n=2 * n, mu_o=mu_o, block_size=16, total_blocks=blocks) >= here
+        assert f(n=n, mu_o=2 * mu_o, block_size=16, total_blocks=blocks) >= here
+        assert f(n=n, mu_o=mu_o, block_size=16, total_blocks=2 * blocks) <= here

@@ -205,14 +205,25 @@ def test_eb_windows_hold_whole_cycles_and_stock_windows_any_iterations():
 
 
 def test_grid_and_neighbours():
+    """The grid θ_i = θ_max·2^(−i/4), by hand for θ_max = 0.8, θ_min = 0.01: θ_4 = 0.4, θ_6 = 0.8/2^1.5 = 0.2828
+    (the nearest to 0.3: θ_5 = 0.3364 is farther), θ_24 = 0.8/64 = 0.0125, θ_25 = 0.8/2^6.25 = 0.01051, and θ_26 =
+    0.8/2^6.5 = 0.00884 is below θ_min: the last grid point is 25. With θ_min = 0.05 = 0.8/16, θ_min itself is the
+    last point, 16. A step of 4 is an octave: from θ 0.4 up to 0.8 and down to 0.2; from θ 0.0125 down would be
+    0.00625, below θ_min, so stock, and up 0.025 (θ_20)."""
     t = Tuner(TunerParams(theta_min=0.01, theta_max=0.8))
     assert t.theta("eb@0") == 0.8 and t.theta("eb@4") == pytest.approx(0.4)
-    assert t.eb_arm(0.4) == "eb@4" and t.eb_arm(0.0001) == f"eb@{t.top}" and t.eb_arm(5.0) == "eb@0"
-    assert t.top == math.floor(4 * math.log2(80))
+    assert t.theta("eb@6") == pytest.approx(0.28284, rel=1e-4) and t.theta("eb@25") == pytest.approx(0.010511, rel=1e-4)
+    assert t.top == 25
+    assert t.eb_arm(0.4) == "eb@4" and t.eb_arm(0.3) == "eb@6" and t.eb_arm(0.0001) == "eb@25"
+    assert t.eb_arm(5.0) == "eb@0"
+    grid = [t.theta(f"eb@{i}") for i in range(t.top + 1)]  # every grid point within [θ_min, θ_max], a quarter
+    assert all(0.01 <= th <= 0.8 for th in grid)  # octave apart
+    assert all(grid[i] / grid[i + 1] == pytest.approx(2**0.25) for i in range(t.top))
+    assert Tuner(TunerParams(theta_min=0.05, theta_max=0.8)).top == 16
     t.incumbent = "eb@4"
     assert t.neighbours() == ["eb@0", "eb@8"]
-    t.incumbent, t.direction = f"eb@{t.top - 1}", -1
-    assert t.neighbours() == [STOCK, f"eb@{t.top - 5}"]  # below θ_min lies stock
+    t.incumbent, t.direction = "eb@24", -1
+    assert t.neighbours() == [STOCK, "eb@20"]  # below θ_min lies stock
     assert t.mode(STOCK) is Mode.OFF and t.mode(MB) is Mode.MB and t.mode("eb@3") is Mode.EB
 
 
