@@ -19,7 +19,7 @@ What it does (tiny model, tools/sglang_cpu/; the environment of tools/sglang_env
    loop at ``--concurrency`` > 16, inputs 24-240 tokens, outputs 9-96, sent with ignore_eos), the same seeded
    requests every time, in rounds (stock, mixed, k = 1, 4, 12; ``--repeats`` rounds): the spread over rounds
    is what noise is here. Measured: output tokens/s and median TTFT, as the client reports them.
-4. Calibration from the stock and mixed runs only (``ebctl.sim.calibrate``: each iteration's period from the
+4. Calibration from the stock and mixed runs only (``ebctl.calibrate``: each iteration's period from the
    plugin's reports, fitted per kind and judged on held-out iterations), written as a profile (``--out``);
    the EB runs are out of sample.
 5. The simulator (sglang rules, the same settings, the same requests, the same concurrency) prices every
@@ -50,8 +50,9 @@ import msgspec  # noqa: E402
 from harness import Rig, server_env  # noqa: E402
 from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
+from ebctl import calibrate  # noqa: E402
 from ebctl.protocol import Mode, Policy  # noqa: E402
-from ebctl.sim import calibrate, costs, policies, runner, workloads  # noqa: E402
+from ebctl.sim import costs, policies, runner, workloads  # noqa: E402
 from ebctl.sim.engine import EngineConfig  # noqa: E402
 
 MAX_RUNNING = 16

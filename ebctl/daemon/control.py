@@ -71,9 +71,9 @@ def preflight(cfg: Config) -> None:
 def _simulator_costs(eng: Engine) -> dict[str, Any]:
     """What the simulator needs to predict this engine (``ebctl simulate --profile FILE``): each iteration's
     whole period (planning, forward and result processing: wall time between consecutive reports), fitted per
-    kind from the recent reports (``ebctl.sim.calibrate``); the forward-only fit misses the engine's own
+    kind from the recent reports (``ebctl.calibrate``); the forward-only fit misses the engine's own
     overheads. {} when there are too few consecutive iterations."""
-    from ebctl.sim import calibrate
+    from ebctl import calibrate
 
     cal = calibrate.fit(calibrate.periods([list(eng.recent)]))
     if all(c is None for c in (cal.costs.prefill, cal.costs.decode)):

@@ -6,7 +6,7 @@ A cost model is anything with ``step_time(batch) -> seconds`` (:class:`CostModel
 * :class:`ebctl.sim.gpucost.EngineCostModel` (the default for a GPU profile): the measured kernels plus
   the engine overheads every iteration pays, one formula for every kind (its module says which);
 * :class:`IterationCostModel`: the project's shared per-kind model (``ebctl.costmodel.IterationCosts``),
-  what a profile calibrated on a real engine carries (``ebctl.sim.calibrate``);
+  what a profile calibrated on a real engine carries (``ebctl.calibrate``);
 * :class:`LinearCostModel`, the paper's model as written (section 3.1): prefill α_p + β_p·tokens,
   decode α_d + β_d·n whatever the context. The theory checks use it.
 """
@@ -61,7 +61,7 @@ class LinearCostModel:
 class IterationCostModel:
     """Prices an iteration with the project's shared cost model (:class:`ebctl.costmodel.IterationCosts`):
     per kind, intercept + coefficients · (prefill tokens, prefill requests, decode requests, decode context
-    tokens, switched). A calibrated profile carries it (``ebctl.sim.calibrate``). A kind the profile lacks:
+    tokens, switched). A calibrated profile carries it (``ebctl.calibrate``). A kind the profile lacks:
     a mixed iteration is priced as its prefill part plus its decode part, less the smaller intercept (one
     iteration pays the fixed cost once); a missing prefill or decode cost is an error when built."""
 
@@ -142,7 +142,7 @@ def build(profile: Profile, kind: str = "profile", *, layers: int | None = None,
     """The named cost model for a profile.
 
     ``profile`` (default): what the profile carries for the simulator, in this order: ``sim.iteration_costs``
-    (whole-iteration periods calibrated on a real engine, ``ebctl.sim.calibrate``); the end-to-end GPU model
+    (whole-iteration periods calibrated on a real engine, ``ebctl.calibrate``); the end-to-end GPU model
     (``ebctl.sim.gpucost``) of its kernel coefficients with the engine overheads of ``sim.overheads`` or, for
     the built-in Qwen3-8B profiles, those fitted to the paper's measurements (``ebctl/data/sim_overheads.json``,
     ``ebctl.sim.paperfit``); the profile's ``iteration_costs`` (``ebctl tune calibrate``'s forward-pass fit);

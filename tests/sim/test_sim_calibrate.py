@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ebctl import calibrate
 from ebctl.costmodel import IterationCosts, PhaseCost
 from ebctl.protocol import BatchKind
-from ebctl.sim import calibrate, costs, policies, runner, workloads
+from ebctl.sim import costs, policies, runner, workloads
 from ebctl.sim.engine import EngineConfig
 
 TRUTH = IterationCosts(

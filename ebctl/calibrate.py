@@ -1,4 +1,5 @@
-"""Calibrate the simulator on a real engine: iteration costs from the engine's own iteration reports.
+"""Whole-iteration costs from an engine's own iteration reports: what calibrates the simulator on a real engine
+(``tools/sim_vs_real.py``) and what the daemon's ``calibrate`` op writes into a cost profile.
 
 The simulator's clock advances by whole iterations, so what it needs is each iteration's *period*: from the
 end of one iteration to the end of the next, the scheduler's planning, the forward pass and the result
