@@ -9,7 +9,8 @@ the module but never runs the loop). They arm on the first ``event_loop`` call, 
   releases must happen on an interval while no message arrives. While armed the plugin owns the loop: the
   same steps (feed the soft watchdog, receive, ``_request_dispatcher``) with a wait on the socket bounded by
   the next tick, and the tick (``DispatchState.tick``) between. When the plugin switches off, sglang's own
-  loop takes over for good. An exception raised by sglang's own dispatch escapes as it would from stock.
+  loop takes over for good. An exception raised by sglang's own dispatch ends the loop, the buffer is flushed,
+  and it escapes as it would from stock.
 * ``dispatch`` (AROUND ``dispatching_with_trace``, :363-383): a generate request without ``routed_dp_rank``
   is held (not passed on); everything else, and every release (``routed_dp_rank`` set), goes to the
   original.
@@ -18,16 +19,18 @@ the module but never runs the loop). They arm on the first ``event_loop`` call, 
   releases the requests it names; any other message that can change state first flushes the buffer.
 
 sglang catches nothing a hook raises inside its loop (the controller would die and take the server with it),
-so every ebctl part runs under ``try``: an exception switches the dispatcher off in this process (logged once,
-buffer flushed through sglang's own dispatch) and the hook goes on as stock.
+so every ebctl part runs under the fail-open guard (``guard.guarded``, as in the schedulers): an exception
+switches the dispatcher off in this process (logged once, buffer flushed through sglang's own dispatch) and the
+hook goes on as stock.
 """
 
 from __future__ import annotations
 
 from time import monotonic
-from typing import Final
+from typing import Any, Final
 
 from sglang_patch.dispatch_state import DispatchState
+from sglang_patch.guard import guarded
 
 MODULE: Final = "sglang.srt.managers.data_parallel_controller"
 DPC: Final = f"{MODULE}.DataParallelController"
@@ -45,24 +48,18 @@ STATE = DispatchState()
 def event_loop(original, ctl, *args, **kwargs):
     st = STATE
     if st.on and not st.armed:
-        try:
-            st.arm(ctl)
-        except Exception:
-            st.fail("event_loop")
+        guarded(st, "event_loop", DispatchState.arm, ctl, None, None, None, False)
     if st.on:
-        try:
-            run(st, ctl)
-        except Exception:
-            if st.sglang_raised:  # sglang's own dispatch raised: flush what we hold, then die as stock would
-                st.at_exit()
-                raise
-            st.fail("event_loop")
+        raised = guarded(st, "event_loop", run, ctl, None, None, None, False)
+        if raised is not None:  # sglang's own dispatch raised: flush what we hold, then die as stock would
+            guarded(st, "event_loop", DispatchState.at_exit, ctl, None, None, None, False)
+            raise raised
     return original(ctl, *args, **kwargs)
 
 
-def run(st: DispatchState, ctl) -> None:
+def run(st: DispatchState, ctl: Any, _arg: Any, _answer: Any) -> Exception | None:
     """sglang's event loop (data_parallel_controller.py:927-935) with a bounded wait and the tick; returns
-    when the dispatcher switches off."""
+    when the dispatcher switches off (None), or the exception sglang's own dispatch raised."""
     import zmq
     from sglang.srt.managers import data_parallel_controller as dpc
 
@@ -82,30 +79,24 @@ def run(st: DispatchState, ctl) -> None:
                     break
                 try:
                     dispatch(req)
-                except BaseException:
-                    st.sglang_raised = True
-                    raise
+                except Exception as e:  # sglang's, not ebctl's: not a fault of the plugin
+                    return e
         wait = st.tick(monotonic())
+    return None
 
 
 def dispatch(original, ctl, req, *args, **kwargs):
     st = STATE
-    if st.armed and st.on and not st.bypass:
-        try:
-            if st.offer(req):
-                return None
-        except Exception:
-            st.fail("dispatch")
+    if st.armed and st.on and not st.bypass and guarded(st, "dispatch", DispatchState.offer, ctl, req, False, None,
+                                                         False):
+        return None
     return original(ctl, req, *args, **kwargs)
 
 
 def control(original, ctl, obj, *args, **kwargs):
     st = STATE
     if st.armed and st.on and not st.bypass:
-        try:
-            st.control(obj)
-        except Exception:
-            st.fail("control")
+        guarded(st, "control", DispatchState.control, ctl, obj, None, None, False)
     return original(ctl, obj, *args, **kwargs)
 
 

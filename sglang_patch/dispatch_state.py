@@ -23,11 +23,14 @@ What it does not hold: embeddings, health checks, requests that name their rank 
 request under ``--load-balance-method follow_bootstrap_room`` (a disaggregated prefill server ties a request
 to its bootstrap room's rank). Fail open: no policy, an expired one, ``off``, or every rank drained: the
 buffer is flushed through sglang's own dispatch and every request goes there at once. ``fail`` (an
-exception): the same, for good in this process.
+exception): the same, for good in this process. What ``arm`` learned is one record, ``setup``
+(``dispatch_life.DispatchSetup``); the report is a function of this state (``dispatch_life.report_of``).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import math
 from time import time as wall_clock
@@ -36,7 +39,8 @@ from typing import Any
 from ebctl.protocol import DispatchPolicy
 from ebctl.sbs.dispatcher import Dispatcher
 from ebctl.sbs.types import RankLoad, SbsParams
-from sglang_patch.dispatch_life import DispatchLife
+from sglang_patch import dispatch_life
+from sglang_patch.fault import Fault
 
 log = logging.getLogger("ebctl.sglang")
 
@@ -47,28 +51,26 @@ IDLE_WAIT_S = 0.05  # longest wait on the socket with nothing held or in flight
 READ_ONLY = frozenset({"GetInternalStateReq", "GetHiCacheL3LayoutReq"})
 
 
-class DispatchState(DispatchLife):
-    """Per DP controller process. ``on`` False: disabled for good here (stock sglang dispatch)."""
+class DispatchState:
+    """Per DP controller process. ``on`` False: disabled for good here (stock sglang dispatch).
+
+    The methods a hook runs take ``(ctl, arg, answer)`` (``guard.guarded``): ``answer`` is what the hook
+    answers when the method raises."""
 
     def __init__(self) -> None:
         self.on = True
         self.armed = False  # arm() ran (first event_loop call)
         self.error = ""
-        self.ctl: Any = None
+        self.setup = dispatch_life.DispatchSetup()  # what arm() learned about the controller
         self.link: Any = None
-        self.reader: Any = None
-        self.health_check: Any = None  # sglang's is_health_check_generate_req
-        self.dispatcher_id = ""
-        self.layout = "plain"  # plain: a target per rank; attention: one lockstep target; decode: Algorithm 3
-        self.never = ""  # why this server is never held (follow_bootstrap_room), if so
-        self.server_chunk = 0
+        self.trace: Any = None
+        self.fault: Fault | None = None  # engine.fault armed here (a test switch)
         self.ranks: list[int] = []  # sglang's active DP ranks
         self.core: Dispatcher | None = None
         self.policy: DispatchPolicy | None = None
         self.holding = False  # SBS in force: generate requests are buffered
         self.reason = "not started"
         self.bypass = False  # sending through sglang's own dispatch: the hook passes everything
-        self.sglang_raised = False  # sglang's own code raised in the loop: re-raised as stock would
         self.reqs: dict[int, tuple[Any, float]] = {}  # buffered: id → (request, arrival wall time)
         self.next_jid = 0
         self.seen: dict[int, float] = {}  # rank → timestamp of its latest snapshot read
@@ -81,16 +83,70 @@ class DispatchState(DispatchLife):
         self.sent_tokens: dict[int, int] = {}
         self.window_tokens: dict[int, int] = {}  # tokens released per rank since the last report
         self.holds: list[float] = []  # buffer times of the requests released since the last report
-        self.fault_hook, self.fault_at, self.fault_calls = "", 0, 0
-        self.trace: Any = None
+
+    # --- start, fail-open, exit, report, trace ------------------------------------------------------------
+    def arm(self, ctl: Any, _arg: Any = None, _answer: Any = None) -> None:
+        """First event_loop call of the DP controller (``dispatch_life.arm``): what it learned, what it opened."""
+        self.armed = True
+        self.setup, self.link, self.trace, self.fault = dispatch_life.arm(ctl)
+        self.ranks = [r for r in ctl._active_workers if ctl.status[r]]
+        atexit.register(self.at_exit)
+
+    def fail(self, where: str, _running_batch: Any = None, _sched: Any = None) -> None:
+        """From the guard's ``except`` block: log once with the traceback, flush the buffer through sglang's own
+        dispatch, stay off (stock dispatch from here on, sglang's own event loop); a last report says so, then
+        the link closes."""
+        if not self.on:
+            return
+        self.on = self.holding = False
+        self.error = self.reason = f"exception in dispatch hook {where}"
+        log.exception("ebctl: exception in dispatch hook %s; the ebctl dispatcher is now OFF in the DP controller "
+                      "(sglang's own dispatch from here on, the server keeps serving)", where)
+        try:
+            if self.setup.ctl is not None and self.reqs:
+                self.flush("plugin off")
+        except Exception:
+            log.exception("ebctl: could not flush the dispatcher's buffer")
+        if self.link is not None:
+            try:
+                self.report(wall_clock())
+            except Exception:
+                log.exception("ebctl: could not send the dispatcher's last report")
+            dispatch_life.close_later(self.link)
+        if self.trace is not None:
+            try:  # called from the guard's except block: nothing may escape into sglang from here
+                self.trace.write(json.dumps({"t": wall_clock(), "off": where}) + "\n")
+            except Exception:
+                log.exception("ebctl: could not write the trace")
+
+    def at_exit(self, _ctl: Any = None, _arg: Any = None, _answer: Any = None) -> None:
+        """Interpreter exit (not SIGKILL), or sglang's own dispatch raised: nothing buffered may be left behind."""
+        try:
+            if self.on and self.reqs and self.setup.ctl is not None:
+                self.flush("exit")
+        except Exception:
+            log.exception("ebctl: could not flush the dispatcher's buffer at exit")
+
+    def report(self, now: float) -> None:
+        """Send the daemon what it shows for this dispatcher (``dispatch_life.report_of``); window stats reset."""
+        if self.link is None:
+            return
+        rep = dispatch_life.report_of(self, now)
+        self.seq += 1
+        self.link.report(rep)
+        self.window_tokens, self.holds, self.buffered_max = {}, [], len(self.reqs)
+
+    def trace_event(self, how: str, rid: Any, rank: int | None = None) -> None:
+        """engine.trace_dir: one JSON line per request the dispatcher held or sent, with the rank it chose."""
+        self.trace.write(json.dumps({"t": wall_clock(), "rid": str(rid), "how": how, "rank": rank}) + "\n")
 
     # --- arrivals --------------------------------------------------------------------------------------
-    def offer(self, req: Any) -> bool:
+    def offer(self, ctl: Any, req: Any, held: bool = False) -> bool:
         """A request sglang is about to dispatch: True if it is held (the hook then returns)."""
-        if self.fault_hook:
-            self.fault("dispatch")
+        if self.fault is not None:
+            self.fault.hit("dispatch")
         if not self.holding or type(req).__name__ != "TokenizedGenerateReqInput" or req.routed_dp_rank is not None \
-                or self.health_check(req):
+                or self.setup.health_check(req):
             self.passed += 1
             return False
         jid = self.next_jid
@@ -107,8 +163,8 @@ class DispatchState(DispatchLife):
     def tick(self, mono: float) -> float:
         """Between two looks at the socket: the policy, the snapshots, the releases, the report. Returns how
         long the loop may wait on its socket before the next tick (s)."""
-        if self.fault_hook:
-            self.fault("tick")
+        if self.fault is not None:
+            self.fault.hit("tick")
         if mono >= self.next_poll:
             self.next_poll = mono + POLICY_POLL_S
             self.refresh(mono)
@@ -132,13 +188,13 @@ class DispatchState(DispatchLife):
     def refresh(self, mono: float) -> None:
         """The newest policy (None once expired) and sglang's active ranks: apply what changed."""
         p = self.link.policy(mono) if self.link is not None else None
-        ctl = self.ctl  # sglang's active ranks (:340-344, elastic EP) that ActiveRanksOutput left up (:280-304)
+        ctl = self.setup.ctl  # sglang's active ranks (:340-344, elastic EP) that ActiveRanksOutput left up (:280-304)
         ranks = [r for r in ctl._active_workers if ctl.status[r]]
         if p is self.policy and ranks == self.ranks:
             return
         self.policy, self.ranks = p, ranks
-        if self.never:
-            self.stop(self.never)
+        if self.setup.never:
+            self.stop(self.setup.never)
         elif p is None:
             self.stop("no policy from the daemon (none yet, or expired)")
         elif p.mode != "sbs":
@@ -155,11 +211,12 @@ class DispatchState(DispatchLife):
         if not live:
             self.stop(f"every active rank is drained (dispatch.drain_ranks {list(p.drain_ranks)})")
             return
-        instances = [[r] for r in live] if self.layout == "plain" else [live]
-        chunk = p.chunk_tokens or self.server_chunk
+        layout = self.setup.layout
+        instances = [[r] for r in live] if layout == "plain" else [live]
+        chunk = p.chunk_tokens or self.setup.server_chunk
         old = self.core
         if old is None or old.instances != instances or old.chunk != chunk:
-            new = Dispatcher(instances, chunk, params, decode=self.layout == "decode", evict_overloaded=True)
+            new = Dispatcher(instances, chunk, params, decode=layout == "decode", evict_overloaded=True)
             if old is not None:  # carry the buffer and what is in flight over
                 for j in old.pending:
                     new.arrive(j.id, j.tokens, j.waited)
@@ -187,7 +244,7 @@ class DispatchState(DispatchLife):
         """Every rank's latest snapshot: R_queued, B and K, acknowledgements, readiness (module docstring)."""
         core = self.core
         l_net = core.clock.l_net_s
-        for snap in self.reader.read_all():
+        for snap in self.setup.reader.read_all():
             r, ts = snap.dp_rank, snap.timestamp
             prev = self.seen.get(r, 0.0)
             if ts <= prev:
@@ -210,8 +267,8 @@ class DispatchState(DispatchLife):
 
     def release(self, now: float) -> None:
         """The releases due now (at most one per target); overloaded requests go through sglang's dispatch."""
-        if self.fault_hook:
-            self.fault("release")
+        if self.fault is not None:
+            self.fault.hit("release")
         core = self.core
         for _ in range(len(core.instances)):
             rel = core.release(now)
@@ -232,7 +289,7 @@ class DispatchState(DispatchLife):
         req, arrived = self.reqs.pop(jid)
         req.routed_dp_rank = rank
         try:
-            self.ctl.dispatching_with_trace(req)
+            self.setup.ctl.dispatching_with_trace(req)
         except BaseException:
             req.routed_dp_rank = None  # not sent: back in the buffer, for the fail-open flush
             self.reqs[jid] = (req, arrived)
@@ -251,7 +308,7 @@ class DispatchState(DispatchLife):
         req, _ = self.reqs.pop(jid)
         self.bypass = True
         try:
-            self.ctl.dispatching_with_trace(req)
+            self.setup.ctl.dispatching_with_trace(req)
         finally:
             self.bypass = False
         if self.trace is not None:
@@ -267,12 +324,12 @@ class DispatchState(DispatchLife):
             self.send_stock(jid, "flush")
         log.debug("ebctl: dispatcher flushed %d requests (%s)", len(jids), why)
 
-    def control(self, obj: Any) -> None:
+    def control(self, ctl: Any, obj: Any, _answer: Any = None) -> None:
         """Before sglang passes a control message to the ranks: an abort first releases the requests it names
         (``rid`` prefix, or all: Scheduler.abort_request, scheduler.py:5675-5689), so the rank answers it; any
         other message that can change state first flushes the buffer (it must not overtake them)."""
-        if self.fault_hook:
-            self.fault("control")
+        if self.fault is not None:
+            self.fault.hit("control")
         if not self.reqs:
             return
         name = type(obj).__name__

@@ -15,8 +15,9 @@ source's clock and, when its applied policy changed, the new policy (or "stock")
 included, takes the envelope out of the list in ``Scheduler.process_input_requests`` (the list relayed to
 the next PP stage keeps it) and applies what it says before that iteration's batch is planned. So every
 rank applies the same policy at the same iteration and measures the gate's deferral clock on the same
-(source's) clock. No collective and no socket are added. A rank never judges a policy's expiry itself: the
-source does, and broadcasts "stock" when its policy expires or when its plugin switches off.
+(source's) clock. No collective is added; the one socket is the way back for a follower's fault
+(``group_fault.py``). A rank never judges a policy's expiry itself: the source does, and broadcasts "stock"
+when its policy expires or when its plugin switches off (its own fault, or a follower's).
 
 Pure: plain functions and tuples, no sglang, no sockets.
 """

@@ -1,26 +1,27 @@
 """Where ebctl touches SGLang: every hook target in one constant, each hook a few lines.
 
-``STATE.ns`` adds up the time spent in the ebctl parts of an iteration (``perf_counter_ns``, status:
-``hook_ns``); the one-line part of ``allocatable`` (a subtraction and a comparison, called once per
-candidate request while sglang forms a prefill) is left out: timing it would cost more than it does.
-tools/bench_hook.py's replay times every hook whole.
-
 All hooks are AROUND hooks on ``Scheduler`` methods, and one on sglang's request receiver
 (tools/sglang_cpu/HOOKS.md says why each one; ``group.py`` why the two on the request path). A hook calls
 the original exactly once, with the arguments it was given (the request path: less ebctl's own envelope),
-and asks ``STATE`` (one :class:`~sglang_patch.state.PluginState` per process) for the ebctl part. sglang
-catches nothing a hook raises (the scheduler, and with it the server, would die), so every ebctl part runs
-under ``try``: any exception switches the plugin off in this process (logged once, stock settings
-restored) and the hook returns what the original returned.
+and runs the ebctl part, a method of ``STATE`` (one :class:`~sglang_patch.state.PluginState` per process)
+or a function below, under the fail-open guard (``guard.guarded``): any exception there switches the plugin
+off in this process (a follower rank of a group: in its whole group, ``state.py``), logged once, stock
+settings restored, and the hook returns what the original returned.
+
+``STATE.ns`` adds up the time of the guarded parts of an iteration (``perf_counter_ns``, status:
+``hook_ns``); ``allocatable``'s part (a subtraction and a comparison, called once per candidate request while
+sglang forms a prefill) is left out: timing it would cost more than it does. tools/bench_hook.py's replay
+times every hook whole.
 """
 
 from __future__ import annotations
 
 import math
-from time import monotonic, perf_counter_ns, thread_time_ns
-from typing import Final
+from time import monotonic, thread_time_ns
+from typing import Any, Final
 
-from sglang_patch import group
+from sglang_patch import group, lifecycle
+from sglang_patch.guard import guarded
 from sglang_patch.state import PluginState
 
 SCHEDULER: Final = "sglang.srt.managers.scheduler.Scheduler"
@@ -40,63 +41,66 @@ HOOK_TARGETS: Final[dict[str, str]] = {
 
 STATE = PluginState()
 
+# The parts the hooks run, looked up once: a module global is read faster than a class attribute.
+END_STEP, DEFER, ALLOCATABLE, RAN = PluginState.end_step, PluginState.defer, PluginState.allocatable, PluginState.ran
+BEFORE_RESULT, AFTER_RESULT, ABORTED = PluginState.before_result, PluginState.after_result, PluginState.aborted
+
 
 def broadcast(original, receiver, recv_reqs, local_reqs=None, *args, **kwargs):
     st = STATE
-    if st.group > 1 and st.reporting and (st.on or st.farewell):
-        now = monotonic()
-        try:
-            env = st.envelope(now)
-        except Exception:
-            st.fail("broadcast")
-            env = st.envelope(now)  # the farewell: the whole group goes stock with this rank, this iteration
-        if env is not None:
-            local_reqs = [*(local_reqs or ()), env]  # local_reqs ride the broadcast from the source rank
+    if st.setup.leads:
+        if st.on:
+            local_reqs = guarded(st, "broadcast", outgoing, None, None, local_reqs, None, True)
+        if st.farewell:  # switched off, in this hook or since the last: every rank goes stock with this one
+            local_reqs = guarded(st, "broadcast", farewell, None, None, local_reqs, None, True)
     return original(receiver, recv_reqs, local_reqs, *args, **kwargs)
+
+
+def outgoing(st: PluginState, _sched: Any, _arg: Any, local_reqs: list | None) -> list | None:
+    """The source's ``local_reqs`` (they ride the broadcast) with this iteration's envelope."""
+    env = st.envelope(monotonic())
+    return local_reqs if env is None else [*(local_reqs or ()), env]
+
+
+def farewell(st: PluginState, _sched: Any, _arg: Any, local_reqs: list | None) -> list:
+    return [*(local_reqs or ()), st.farewell_envelope(monotonic())]
 
 
 def process_input(original, sched, recv_reqs, *args, **kwargs):
     st = STATE
-    if recv_reqs and st.group > 1:  # a group of one never sees an envelope
-        try:
-            recv_reqs, env = group.split(recv_reqs)
-            if env is not None and st.on:
-                st.receive(sched, env)
-        except Exception:
-            recv_reqs = [r for r in recv_reqs if not group.is_envelope(r)]
-            st.fail("process_input", None, sched)
+    if recv_reqs and st.setup.group > 1:  # a group of one never sees an envelope
+        reqs = guarded(st, "process_input", take, sched, recv_reqs, None, None, True)
+        recv_reqs = guarded(st, "process_input", strip, sched, recv_reqs, recv_reqs, None, False) \
+            if reqs is None else reqs
     return original(sched, recv_reqs, *args, **kwargs)
+
+
+def take(st: PluginState, sched: Any, recv_reqs: list, _: Any) -> list:
+    """The requests without the envelope, which every rank (the source too) applies first."""
+    recv_reqs, env = group.split(recv_reqs)
+    if env is not None and st.on:
+        st.receive(sched, env)
+    return recv_reqs
+
+
+def strip(_st: PluginState, _sched: Any, recv_reqs: list, _: Any) -> list:
+    """The requests without envelopes, after ``take`` raised: sglang never sees one."""
+    return [r for r in recv_reqs if not group.is_envelope(r)]
 
 
 def next_batch(original, sched, *args, **kwargs):
     plan = original(sched, *args, **kwargs)
     st = STATE
     if st.on:
-        t = perf_counter_ns()
-        try:
-            st.end_step(sched, plan)
-        except Exception:
-            st.fail("next_batch", getattr(plan, "running_batch", None), sched)
-        st.ns += perf_counter_ns() - t
+        guarded(st, "next_batch", END_STEP, sched, plan, None, plan.running_batch, True)
     return plan
 
 
 def defer_prefill(original, sched, running_batch, *args, **kwargs):
     stock = original(sched, running_batch, *args, **kwargs)
     st = STATE
-    if stock or st.gate_policy is None:  # stock defers (--prefill-decode-interval), or no policy: stock
-        if st.trace is not None and st.on:
-            try:
-                st.trace_decision("stock", len(running_batch.reqs), len(sched.waiting_queue))
-            except Exception:
-                st.fail("defer_prefill", running_batch, sched)
-        return stock
-    t = perf_counter_ns()
-    try:
-        stock = st.defer(sched, running_batch)
-    except Exception:
-        st.fail("defer_prefill", running_batch, sched)
-    st.ns += perf_counter_ns() - t
+    if st.gate_policy is not None or (st.trace is not None and st.on):  # no policy, no trace: stock untouched
+        return guarded(st, "defer_prefill", DEFER, sched, running_batch, stock, running_batch, True)
     return stock
 
 
@@ -105,50 +109,31 @@ def allocatable(original, sched, running_bs, *args, **kwargs):
     st = STATE
     if st.cap is None:
         return n
-    try:
-        return st.allocatable(running_bs, n)
-    except Exception:
-        st.fail("allocatable", kwargs.get("running_batch"), sched)
-    return n
+    return guarded(st, "allocatable", ALLOCATABLE, sched, running_bs, n, kwargs.get("running_batch"), False)
 
 
 def run_batch(original, sched, batch, *args, **kwargs):
     st = STATE
     if not st.on:
         return original(sched, batch, *args, **kwargs)
-    if st.sync_forward:  # CPU: the forward runs on this thread; its CPU time leaves out other processes' turns
+    if st.setup.sync_forward:  # CPU: the forward runs on this thread; its CPU time leaves out other processes' turns
         c = thread_time_ns()
         result = original(sched, batch, *args, **kwargs)
         spent = (thread_time_ns() - c) * 1e-9
     else:  # GPU: run_batch only launches; the forward is timed at result time (batch_result)
         result = original(sched, batch, *args, **kwargs)
         spent = math.nan
-    t1 = perf_counter_ns()
-    try:
-        st.ran(batch, spent)
-    except Exception:
-        st.fail("run_batch", None, sched)
-    st.ns += perf_counter_ns() - t1
+    guarded(st, "run_batch", RAN, sched, batch, spent, None, True)
     return result
 
 
 def batch_result(original, sched, batch, result, *args, **kwargs):
     st = STATE
-    if st.on and not st.sync_forward:  # GPU: the forward's end is when its results are ready
-        t = perf_counter_ns()
-        try:
-            st.before_result(result)
-        except Exception:
-            st.fail("batch_result", None, sched)
-        st.ns += perf_counter_ns() - t
+    if st.on and not st.setup.sync_forward:  # GPU: the forward's end is when its results are ready
+        guarded(st, "batch_result", BEFORE_RESULT, sched, result, None, None, True)
     out = original(sched, batch, result, *args, **kwargs)
     if st.on:
-        t = perf_counter_ns()
-        try:
-            st.after_result(sched, batch)
-        except Exception:
-            st.fail("batch_result", None, sched)
-        st.ns += perf_counter_ns() - t
+        guarded(st, "batch_result", AFTER_RESULT, sched, batch, None, None, True)
     return out
 
 
@@ -156,20 +141,22 @@ def abort_output(original, sched, abort_req, req, *args, **kwargs):
     out = original(sched, abort_req, req, *args, **kwargs)
     st = STATE
     if st.on:
-        try:
-            st.aborted(req)
-        except Exception:
-            st.fail("abort_output", None, sched)
+        guarded(st, "abort_output", ABORTED, sched, req, None, None, False)
     return out
 
 
 def internal_state(original, sched, *args, **kwargs):
     out = original(sched, *args, **kwargs)
-    try:
-        out.internal_state["ebctl"] = STATE.status(sched)
-    except Exception:
-        STATE.fail("internal_state", None, sched)
+    guarded(STATE, "internal_state", show, sched, out, None, None, False)
     return out
+
+
+def show(st: PluginState, sched: Any, out: Any, _: Any) -> None:
+    """The status in ``GET /server_info``. A rank alone in its group refreshes the policy first (an idle
+    engine does not); in a group only the broadcast changes it (ranks must not diverge)."""
+    if st.on and st.ready and st.setup.group == 1:
+        st.refresh(sched, monotonic())
+    out.internal_state["ebctl"] = lifecycle.status(st, sched)
 
 
 HOOKS: Final = {"broadcast": broadcast, "input": process_input, "next_batch": next_batch,

@@ -1,8 +1,10 @@
 """The plugin's state in one SGLang scheduler process: the link, the gate, what is applied, counters.
 
-``hooks.py`` calls one method of :class:`PluginState` per hook and nothing else; every method here may
-raise, and the hook then calls ``fail`` (``lifecycle.py``: log once, restore stock settings, stay off).
-Nothing here blocks, logs or allocates per iteration beyond the report row (docs/design.md §4).
+``hooks.py`` runs each hook's ebctl part, one method of :class:`PluginState` (the request path and the status:
+a few lines around one), under the fail-open guard (``guard.py``); every method here may raise, and the guard
+then calls ``fail``. What ``start`` learned about the scheduler is one record, ``setup`` (``lifecycle.Setup``);
+start, the fail-open path's steps and the status are functions in ``lifecycle.py``. Nothing here blocks, logs
+or allocates per iteration beyond the report row (docs/design.md §4).
 
 Where the policy comes from: a rank alone in its scheduling group reads the newest policy from its link
 after planning each step (``end_step``); in a group of several ranks (TP/CP/PP) the source rank reads it
@@ -23,10 +25,16 @@ What is applied (docs/design.md §2, tools/sglang_cpu/HOOKS.md sections 2-6):
 - both: running requests capped at ``n_max`` in ``get_num_allocatable_reqs`` (the stock budget already
   stops at the server's ``max_running_requests``). The gate's ``admit_max`` is ``n_max − running`` in
   every decision that allows a prefill, so capping occupancy at ``n_max`` is the same cap.
+
+A fault (``fail``): a rank alone, or a group's source, switches off for good (``stop``: stock settings back,
+link closed); the source's last envelope takes every rank of its group to stock at that same iteration. A
+follower tells its source instead (``group_fault.py``), keeps applying the group's policy, and switches off
+when the source's stock envelope arrives: the whole group at one iteration (its generation).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from array import array
 from itertools import compress
@@ -39,11 +47,15 @@ import msgspec
 
 from ebctl.gate import PhaseGate
 from ebctl.protocol import BatchKind, FinishedRequest, Mode, Policy
-from sglang_patch import group, reading
-from sglang_patch.lifecycle import _TIMES, Lifecycle
+from sglang_patch import group, group_fault, lifecycle, reading
+from sglang_patch.fault import Fault
 from sglang_patch.reading import batch_shape
 
+log = logging.getLogger("ebctl.sglang")
+
 _RING = 4  # steps between planning a batch and processing its result (overlap: 1) fit easily
+_TIMES = lifecycle.TIMES
+_NAN = math.nan
 _FINISHED_OUTPUT = attrgetter("finished_output")  # True once sglang streamed the request's completion
 COUNTS_EVERY = 16  # reports between two that carry the gate's (cumulative) decision counts
 _NO_COUNTS: dict = {}  # never mutated
@@ -54,18 +66,23 @@ _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exac
 POLICY_POLL_S = 0.02
 
 
-class PluginState(Lifecycle):
-    """Per scheduler process. ``on`` False: disabled for good here (stock sglang from then on)."""
+class PluginState:
+    """Per scheduler process. ``on`` False: disabled for good here (stock sglang from then on).
+
+    Every method a hook runs takes ``(sched, arg, answer)`` (``guard.guarded``): ``answer`` is what sglang
+    answered where the hook decides something, returned unchanged when the method raises."""
 
     def __init__(self) -> None:
         self.on = True
-        self.ready = False  # start() ran (first get_next_batch_to_run)
-        self.error = ""  # why the plugin is off, if it is
-        self.engine_id = ""
-        self.sched: Any = None
+        self.ready = False  # begin() ran (first get_next_batch_to_run)
+        self.error = ""  # why the plugin is off here, or the fault a follower told its source of
+        self.setup = lifecycle.Setup()  # what begin() learned about the scheduler
         self.link: Any = None
-        self.reporting = False  # the group's source rank: talks to the daemon (reports, reads policies)
-        self.group = 1  # schedulers that must take identical decisions (attention TP × CP × PP)
+        self.trace: Any = None  # engine.trace_dir: a line-buffered file of this rank's gate decisions
+        self.fault: Fault | None = None  # engine.fault armed here (a test switch)
+        self.inbox: group_fault.Inbox | None = None  # a group's source: where followers' faults come in
+        self.notices: Any = ()  # ... and what came in (inbox.notices; empty on every other rank)
+        self.outbox: group_fault.Outbox | None = None  # a follower that told its source of its fault
         self.gate = PhaseGate()
         self.policy: Policy | None = None  # the policy applied (compared by identity)
         self.gate_policy: Policy | None = None  # policy handed to the gate (eb/mb); None: stock
@@ -73,14 +90,6 @@ class PluginState(Lifecycle):
         self.hold_new = False  # this step: a chunk goes on alone, admit nobody (get_num_allocatable_reqs: 0)
         self.held = False  # a chunk went on alone since the gate last admitted (batch_is_full may be ours)
         self.version = -1  # policy version applied (reported)
-        self.launch_mixed: bool | None = None  # the server's is_mixed_chunk at launch
-        self.mixed_unavailable = False
-        self.mixed_reason = ""  # why mb cannot mix here ("" when it can)
-        self.max_running = 0
-        self.kv_total = 0  # the server's KV capacity in tokens (max_total_num_tokens)
-        self._kv_used: Any = None  # () -> KV tokens in use now (reading.kv_used_reader)
-        self.sync_forward = False  # run_batch returns after the forward (CPU): time it there
-        self.kinds: dict[Any, BatchKind] = {}
         self.seq = 0
         self.busy = False  # the last planned step ran a batch
         self.next_poll = 0.0  # monotonic time of the next policy poll
@@ -104,10 +113,61 @@ class PluginState(Lifecycle):
         self.ns = 0  # hook work in the current iteration
         self.times = array("q", bytes(8 * _TIMES))
         self.n_times = 0
-        self.fault_hook = ""
-        self.fault_at = 0
-        self.fault_calls = 0
-        self.trace: Any = None  # engine.trace_dir: a line-buffered file of this rank's gate decisions
+
+    def begin(self, sched: Any) -> None:
+        """First iteration of this scheduler (``lifecycle.start``): what it learned, what it opened."""
+        self.ready = True
+        self.setup, self.link, self.inbox, self.trace, self.fault = lifecycle.start(sched)
+        if self.inbox is not None:
+            self.notices = self.inbox.notices
+
+    # --- the fail-open path ---------------------------------------------------------------------------
+    def fail(self, where: str, running_batch: Any = None, sched: Any = None) -> None:
+        """From the guard's ``except`` block (an exception in hook ``where``). ``running_batch``: the batch
+        being planned when the failure is inside planning (not yet ``sched.running_batch``): admission is
+        reopened on it and on the scheduler's. ``sched``: the scheduler, when the hook has it.
+
+        Alone or on a group's source: logged once with the traceback, off for good (``stop``). A follower
+        tells its source (``group_fault.py``) and keeps applying the group's policy until the source's stock
+        envelope (``receive``); its later faults change nothing. A follower that cannot tell goes stock alone."""
+        if not self.on or self.outbox is not None:
+            return
+        why = f"exception in hook {where}"
+        s = self.setup
+        if s.channel and not s.reporting:
+            log.exception("ebctl: exception in hook %s on follower rank %d of engine %s; its group's source is told, "
+                          "and the whole group goes stock together (this rank keeps applying the group's policy "
+                          "until then)", where, s.rank, s.engine_id)
+            self.error = why
+            try:
+                self.outbox = group_fault.Outbox(s.channel, group_fault.Notice(s.rank, why, self.applied_gen))
+            except Exception:
+                log.exception("ebctl: could not tell the group's source: this rank goes stock alone")
+            else:
+                lifecycle.note(self.trace, it=self.iterations, fault=why, gen=self.applied_gen)
+                return
+        else:
+            log.exception("ebctl: exception in hook %s; the ebctl plugin is now OFF in this scheduler process "
+                          "(stock sglang from here on, the server keeps serving)", where)
+        self.stop(why, running_batch, sched)
+
+    def stop(self, why: str, running_batch: Any = None, sched: Any = None) -> None:
+        """Off for good here: stock settings back (no policy: version -1), what start opened closed; a group's
+        source owes its followers one last, stock envelope (``farewell``), whose generation the trace's last line
+        gives."""
+        self.on = False
+        self.error = why
+        self.farewell = self.setup.leads
+        self.policy, self.version = None, -1
+        self.unapply(running_batch, sched)
+        lifecycle.close(self.link, self.inbox, self.outbox)
+        lifecycle.note(self.trace, it=self.iterations, off=why, gen=self.gen + 1 if self.farewell else self.applied_gen)
+
+    def unapply(self, running_batch: Any = None, sched: Any = None) -> None:
+        """Back to sglang as launched: launch mixing, no cap, no gate; admission reopened if we closed it."""
+        reopen = self.cap is not None or self.hold_new or self.held
+        self.cap, self.gate_policy, self.hold_new, self.held = None, None, False, False
+        lifecycle.restore(sched or self.setup.sched, running_batch, self.setup.launch_mixed, reopen)
 
     # --- where the policy comes from ------------------------------------------------------------------
     def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
@@ -118,13 +178,16 @@ class PluginState(Lifecycle):
                 self.apply(sched, p, sched.running_batch if running_batch is None else running_batch)
 
     def envelope(self, now: float) -> group.Envelope | None:
-        """The group's source, before sglang broadcasts this iteration's requests: what every rank must
-        apply (``group.py``). Reads the link at most every POLICY_POLL_S; the payload only on a change."""
-        if not self.on:
-            if not self.farewell:
-                return None
-            self.farewell = False
-            return group.envelope(self.gen + 1, now, group.STOCK)
+        """The group's source, before sglang broadcasts this iteration's requests: what every rank must apply
+        (``group.py``). Reads the link at most every POLICY_POLL_S; the payload only on a change. A follower's
+        fault notice switches this rank off instead (None: the hook sends the farewell in its place)."""
+        if self.notices:
+            n = self.notices[0]
+            log.error("ebctl: follower rank %d of engine %s reported: %s; the ebctl plugin is now OFF in the whole "
+                      "group (stock sglang on every rank from this iteration on)", n.rank, self.setup.engine_id,
+                      n.where)
+            self.stop(f"follower rank {n.rank}: {n.where}")
+            return None
         if self.link is not None and now >= self.next_poll:
             self.next_poll = now + POLICY_POLL_S
             p = self.link.policy(now)
@@ -136,14 +199,25 @@ class PluginState(Lifecycle):
             return group.envelope(self.gen, now, group.payload_of(self.policy))
         return group.envelope(self.gen, now, None)
 
+    def farewell_envelope(self, now: float) -> group.Envelope:
+        """The last envelope of a source that switched off: stock, one generation on, for every rank at once."""
+        self.farewell = False
+        self.gen += 1
+        self.applied_gen = self.gen
+        return group.envelope(self.gen, now, group.STOCK)
+
     def receive(self, sched: Any, env: group.Envelope) -> None:
         """Every rank of a group (the source too), before the iteration is planned: the source's clock,
-        and its policy when it changed."""
+        and its policy when it changed. A follower that told its source of a fault switches off at its
+        stock envelope, with the rest of the group."""
         _, gen, now, payload = env
         self.group_now = now
         if payload is not None and gen != self.applied_gen:
             self.applied_gen = gen
-            self.apply(sched, group.policy_of(payload), sched.running_batch, keep=self.reporting)
+            if self.outbox is not None and not payload:
+                self.stop(self.error, None, sched)
+            else:
+                self.apply(sched, group.policy_of(payload), sched.running_batch, keep=self.setup.reporting)
 
     def apply(self, sched: Any, p: Policy | None, running_batch: Any, *, keep: bool = False) -> None:
         """A new policy (or none): set what it asks for; only here do the settings change.
@@ -156,7 +230,7 @@ class PluginState(Lifecycle):
         if p is None or p.mode is Mode.OFF:
             self.unapply(running_batch, sched)
         else:
-            mb_fallback = p.mode is Mode.MB and self.mixed_unavailable
+            mb_fallback = p.mode is Mode.MB and self.setup.mixed_unavailable
             self.gate_policy = msgspec.structs.replace(p, mode=Mode.EB) if mb_fallback else p
             self.cap = p.n_max
             # The gate's ``mixed`` is a function of the mode alone (mb: True, eb: False), and nothing in
@@ -167,7 +241,7 @@ class PluginState(Lifecycle):
         self.version = -1 if p is None else p.version
 
     # --- get_next_batch_to_run ----------------------------------------------------------------------
-    def end_step(self, sched: Any, plan: Any) -> None:
+    def end_step(self, sched: Any, plan: Any, _: Any = None) -> None:
         """After sglang planned a step: keep what the report of its batch will need, then (alone in the
         group) read the policy.
 
@@ -180,9 +254,9 @@ class PluginState(Lifecycle):
         self.ns = 0
         self.hold_new = False
         if not self.ready:
-            self.start(sched)
-        if self.fault_hook:
-            self.fault("next_batch")
+            self.begin(sched)
+        if self.fault is not None:
+            self.fault.hit("next_batch")
         if self.trace is not None:
             self.trace_plan(plan)
         self.iterations += 1
@@ -204,22 +278,29 @@ class PluginState(Lifecycle):
                 # new requests; a MIXED step, whose running batch was handed over whole and is empty)
                 e[1] = len(running.reqs) if batch is running else len(running.reqs) + len(batch.reqs)
                 e[2] = len(sched.waiting_queue)
-                e[3] = self._kv_used()
-                e[4] = math.nan
+                s = self.setup  # lifecycle.kv_used(s), inline: one call less per step
+                u = s.kv_total - s.kv_free() - s.kv_evictable()
+                e[3] = u if u > 0 else 0
+                e[4] = _NAN
                 e[5] = None
                 e[6] = self.version
-        if self.group == 1:
+        if self.setup.group == 1:
             now = monotonic()
             if now >= self.next_poll:
                 self.next_poll = now + POLICY_POLL_S
                 self.refresh(sched, now, plan.running_batch)
 
     # --- _should_defer_prefill, get_num_allocatable_reqs --------------------------------------------
-    def defer(self, sched: Any, running_batch: Any) -> bool:
-        """The gate's answer for this step (stock said "go"): True keeps a prefill from forming. While the
-        gate holds and a chunked prefill is in flight, the chunk goes on alone (``hold_new``)."""
-        if self.fault_hook:
-            self.fault("defer_prefill")
+    def defer(self, sched: Any, running_batch: Any, stock: bool) -> bool:
+        """The gate's answer for this step: True keeps a prefill from forming. Stock's own deferral
+        (``--prefill-decode-interval``) and no policy: ``stock``, traced. While the gate holds and a chunked
+        prefill is in flight, the chunk goes on alone (``hold_new``)."""
+        if stock or self.gate_policy is None:
+            if self.trace is not None:
+                self.trace_decision("stock", len(running_batch.reqs), len(sched.waiting_queue))
+            return stock
+        if self.fault is not None:
+            self.fault.hit("defer_prefill")
         waiting = len(sched.waiting_queue)
         if not waiting:  # sglang 0.5.23 asks on every step; with nothing to admit, "go" changes nothing
             self.gate.rest()
@@ -227,12 +308,13 @@ class PluginState(Lifecycle):
                 self.trace_decision("queue_empty", len(running_batch.reqs), 0, sched.chunked_req is not None)
             return False
         p = self.gate_policy
+        s = self.setup
         running = len(running_batch.reqs)
         kv_free = 1.0
-        if p.kv_reserve_frac > 0.0 and self.kv_total:  # no reserve: the gate's KV test always passes
-            kv_free = 1.0 - self._kv_used() / self.kv_total
+        if p.kv_reserve_frac > 0.0 and s.kv_total:  # no reserve: the gate's KV test always passes
+            kv_free = 1.0 - lifecycle.kv_used(s) / s.kv_total
         d = self.gate.decide(p, running=running, waiting=waiting, kv_free_frac=kv_free,
-                             now=monotonic() if self.group == 1 else self.group_now,
+                             now=monotonic() if s.group == 1 else self.group_now,
                              chunk_in_flight=sched.chunked_req is not None)
         if self.trace is not None:
             self.trace_decision(d.reason, running, waiting, sched.chunked_req is not None)
@@ -257,15 +339,15 @@ class PluginState(Lifecycle):
         """engine.trace_dir: the step just planned (its batch kind and requests), under the same ``it`` as the
         gate decision taken while planning it."""
         b = plan.batch_to_run
-        kind = "none" if b is None else str(self.kinds.get(b.forward_mode, "other"))
+        kind = "none" if b is None else str(self.setup.kinds.get(b.forward_mode, "other"))
         self.trace.write(f'{{"it":{self.iterations},"planned":"{kind}","reqs":{0 if b is None else len(b.reqs)},'
                          f'"running":{len(plan.running_batch.reqs)}}}\n')
 
-    def allocatable(self, running_bs: int, n: int) -> int:
+    def allocatable(self, sched: Any, running_bs: int, n: int) -> int:
         """sglang's admission budget ``n`` for ``running_bs`` running, capped at n_max running; 0 while a
         chunk goes on alone (the chunked request itself needs no budget: scheduler.py:4121-4129, 4181)."""
-        if self.fault_hook:
-            self.fault("allocatable")
+        if self.fault is not None:
+            self.fault.hit("allocatable")
         if self.hold_new:
             return 0
         room = self.cap - running_bs
@@ -275,7 +357,7 @@ class PluginState(Lifecycle):
         return room
 
     # --- run_batch, process_batch_result, send_abort_output ----------------------------------------
-    def ran(self, batch: Any, seconds: float) -> None:
+    def ran(self, sched: Any, batch: Any, seconds: float) -> None:
         """run_batch returned: keep the batch's context sum (``seq_lens_sum``, which ``ForwardBatch.init_new``
         has just computed; the overlap loop's ``batch.copy()`` for result processing drops it) and, on CPU
         where run_batch returns after the forward, its duration: the scheduler thread's CPU time over the
@@ -284,15 +366,15 @@ class PluginState(Lifecycle):
         core meanwhile, which is not the engine's cost and made the cost fits fail (a decode fit's held-out
         error 21-22% on wall time against 12% on CPU time, same run). The whole iteration's wall time is in
         the reports anyway (``wall_time``): the simulator's calibration uses that."""
-        if self.fault_hook:
-            self.fault("run_batch")
+        if self.fault is not None:
+            self.fault.hit("run_batch")
         key = batch.forward_iter
         e = self.ring[key % _RING]
         if e[0] == key:
             e[4] = seconds
             e[5] = batch.seq_lens_sum
 
-    def before_result(self, result: Any) -> None:
+    def before_result(self, sched: Any, result: Any, _: Any = None) -> None:
         """GPU: wait for the batch's results (the original does it first too) and note when they were ready."""
         if self.link is not None:
             done = getattr(result, "copy_done", None)
@@ -300,16 +382,17 @@ class PluginState(Lifecycle):
                 done.synchronize()
             self.t_result, self._t_prev = monotonic(), self.t_result
 
-    def after_result(self, sched: Any, batch: Any) -> None:
+    def after_result(self, sched: Any, batch: Any, _: Any = None) -> None:
         """The batch's results were processed: report it with the requests that finished in it.
 
         The report leaves as a plain tuple (``protocol.REPORT_ROW`` order); the link's I/O thread builds the
         struct. Every read here is an attribute, a ``len`` or a bound method looked up once at start: this is
         the largest part of the per-iteration budget (docs/design.md §4: p50 ≤ 10 µs for all hooks together)."""
-        if self.fault_hook:
-            self.fault("batch_result")
+        if self.fault is not None:
+            self.fault.hit("batch_result")
         if self.link is None:
             return
+        s = self.setup
         finished: tuple[FinishedRequest, ...] = ()
         reqs = batch.reqs
         for req in compress(reqs, map(_FINISHED_OUTPUT, reqs)):  # the scan runs in C: ~15 ns a request
@@ -318,7 +401,7 @@ class PluginState(Lifecycle):
                 f = reading.finished_request(req)
                 if f is not None:
                     finished = (*finished, f)
-        kind = self.kinds.get(batch.forward_mode)
+        kind = s.kinds.get(batch.forward_mode)
         if kind is None:  # no forward of its own (PREBUILT, ...): its completions go with the next report
             self.pending.extend(finished)
             return
@@ -327,9 +410,9 @@ class PluginState(Lifecycle):
         if e[0] == key:
             _, running, waiting, kv_used, run_s, ctx, version = e
         else:  # not planned through our hook (cannot happen in 0.5.23's loops): read what is there now
-            running, waiting, kv_used = len(sched.running_batch.reqs), len(sched.waiting_queue), self._kv_used()
+            running, waiting, kv_used = len(sched.running_batch.reqs), len(sched.waiting_queue), lifecycle.kv_used(s)
             run_s, ctx, version = math.nan, None, self.version
-        if self.sync_forward:
+        if s.sync_forward:
             forward_s = run_s if run_s == run_s else max(monotonic() - (batch.launch_ts or 0.0), 0.0)
         else:
             forward_s = max(self.t_result - max(batch.launch_ts or 0.0, self._t_prev), 0.0)
@@ -347,13 +430,13 @@ class PluginState(Lifecycle):
         if finished:
             self.finished += len(finished)
         self.link.report_row((seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
-                              kv_used, self.kv_total, self.max_running, version, self.mixed_unavailable,
-                              self.mixed_reason, self.group, self._counts(seq), finished))
+                              kv_used, s.kv_total, s.max_running, version, s.mixed_unavailable, s.mixed_reason,
+                              s.group, self._counts(seq) if seq % COUNTS_EVERY == 0 else _NO_COUNTS, finished))
 
-    def aborted(self, req: Any) -> None:
+    def aborted(self, sched: Any, req: Any, _: Any = None) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
-        if self.fault_hook:
-            self.fault("abort_output")
+        if self.fault is not None:
+            self.fault.hit("abort_output")
         if self.link is not None and _MARK not in req.__dict__:
             req.__dict__[_MARK] = True
             f = reading.finished_request(req)
@@ -362,15 +445,17 @@ class PluginState(Lifecycle):
 
     def _report_idle(self, sched: Any, plan: Any) -> None:
         finished, self.pending = tuple(self.pending), []
+        s = self.setup
         self._send((self.seq, wall_clock(), 0.0, BatchKind.IDLE, 0, 0, 0, 0, len(plan.running_batch.reqs),
-                    len(sched.waiting_queue), self._kv_used(), self.kv_total, self.max_running, self.version,
-                    self.mixed_unavailable, self.mixed_reason, self.group, self._counts(0), finished))
+                    len(sched.waiting_queue), lifecycle.kv_used(s), s.kv_total, s.max_running, self.version,
+                    s.mixed_unavailable, s.mixed_reason, s.group, self._counts(0), finished))
 
     def _counts(self, seq: int) -> dict:
         """The gate's decision counts for report ``seq``: cumulative, so every COUNTS_EVERY-th report carries
         them (the daemon keeps the last it got) and the others an empty dict (a copy and its encoding per
-        report cost a few µs of the per-iteration budget); an idle report (``seq`` 0 here) always does, so the
-        daemon has the final counts once a load ends."""
+        report cost a few µs of the per-iteration budget; ``after_result`` tests ``seq`` itself, sparing the
+        call); an idle report (``seq`` 0 here) always does, so the daemon has the final counts once a load
+        ends."""
         if seq % COUNTS_EVERY:
             return _NO_COUNTS
         return {str(r): n for r, n in self.gate.counts.items() if n}

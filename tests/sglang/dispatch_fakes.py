@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sglang_patch import dispatch
+from sglang_patch.dispatch_life import DispatchSetup
 from sglang_patch.dispatch_state import DispatchState
 
 
@@ -103,7 +104,8 @@ def armed(ctl: Ctl, policy=None, layout: str = "plain", chunk: int = 100) -> Dis
     """What ``arm`` sets up in the DP controller (without sglang), a fresh state; install it as
     ``sglang_patch.dispatch.STATE`` to route the hooks to it."""
     st = DispatchState()
-    st.armed, st.ctl, st.link, st.reader = True, ctl, Link(policy), ctl.load_snapshot_reader
-    st.dispatcher_id, st.layout, st.server_chunk, st.ranks = "dispatch", layout, chunk, list(ctl._active_workers)
-    st.health_check = lambda req: str(req.rid).startswith("HEALTH_CHECK")
+    st.armed, st.link, st.ranks = True, Link(policy), list(ctl._active_workers)
+    st.setup = DispatchSetup(ctl=ctl, dispatcher_id="dispatch", layout=layout, server_chunk=chunk,
+                             reader=ctl.load_snapshot_reader,
+                             health_check=lambda req: str(req.rid).startswith("HEALTH_CHECK"))
     return st

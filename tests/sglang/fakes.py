@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ebctl.protocol import BatchKind, report_from_row
-from sglang_patch.reading import kv_used_reader
+from sglang_patch.lifecycle import Setup
 from sglang_patch.state import PluginState
 
 
@@ -84,12 +84,19 @@ class Original:
         return self.value
 
 
-def new_state() -> PluginState:
-    """A started plugin state (what ``PluginState.start`` sets up inside a scheduler), with a fake link."""
+KINDS = {"EXTEND": BatchKind.PREFILL, "MIXED": BatchKind.MIXED, "DECODE": BatchKind.DECODE, "IDLE": BatchKind.IDLE}
+
+
+def setup(**kw) -> Setup:
+    """What ``lifecycle.start`` learns in a scheduler, for a rank alone that reports (``kw`` overrides)."""
+    return Setup(**{"engine_id": "dp0", "reporting": True, "launch_mixed": False, "max_running": 16,
+                    "kv_total": 1000, "kv_free": lambda: 900, "kv_evictable": lambda: 0, "sync_forward": True,
+                    "kinds": KINDS, **kw})  # mixed_reason "": it may mix
+
+
+def new_state(**kw) -> PluginState:
+    """A started plugin state (what ``PluginState.begin`` sets up inside a scheduler), with a fake link;
+    ``kw``: its ``Setup`` fields."""
     s = PluginState()
-    s.ready, s.control, s.reporting, s.link, s.engine_id = True, True, True, Link(), "dp0"
-    s.launch_mixed, s.max_running, s.sync_forward = False, 16, True  # mixed_unavailable False: it may mix
-    s.kv_total, s._kv_used = 1000, kv_used_reader(Sched())
-    s.kinds = {"EXTEND": BatchKind.PREFILL, "MIXED": BatchKind.MIXED, "DECODE": BatchKind.DECODE,
-               "IDLE": BatchKind.IDLE}
+    s.ready, s.link, s.setup = True, Link(), setup(**kw)
     return s

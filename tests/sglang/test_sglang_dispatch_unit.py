@@ -9,6 +9,7 @@ buffer through sglang's own dispatch, logs once and leaves the plugin off; nothi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -20,6 +21,7 @@ from dispatch_fakes import armed as fakes_armed
 from ebctl.protocol import DispatchPolicy
 from sglang_patch import dispatch, dispatch_state
 from sglang_patch.dispatch_state import DispatchState
+from sglang_patch.fault import Fault
 
 
 class Clock:
@@ -164,7 +166,7 @@ def test_a_control_message_that_changes_state_flushes_first(monkeypatch, clock):
 def test_an_exception_flushes_logs_once_and_leaves_the_plugin_off(monkeypatch, clock, caplog):
     ctl = Ctl()
     st = armed(ctl, monkeypatch, sbs())
-    st.fault_hook, st.fault_at = "dispatch", 3
+    st.fault = Fault("dispatch", 3, "dispatch hook")
     tick(st)
     st.core.clock.set_targets([])
     with caplog.at_level(logging.ERROR, logger="ebctl.sglang"):
@@ -246,7 +248,7 @@ def test_decode_layout_places_by_algorithm_3(monkeypatch, clock):
 def test_follow_bootstrap_room_is_never_held(monkeypatch, clock):
     ctl = Ctl()
     st = armed(ctl, monkeypatch, sbs())
-    st.never = "--load-balance-method follow_bootstrap_room"
+    st.setup = dataclasses.replace(st.setup, never="--load-balance-method follow_bootstrap_room")
     tick(st)
     ctl.dispatching_with_trace(gen("a"))
     assert ctl.sent == [("a", None)] and not st.holding

@@ -8,6 +8,7 @@ anyway, logs once with the traceback, restores the launch settings and leaves th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from types import SimpleNamespace
@@ -17,7 +18,8 @@ from fakes import Original, Sched, batch, new_state, req
 
 from ebctl.gate import Phase, PhaseGate
 from ebctl.protocol import Mode, Policy
-from sglang_patch import hooks, reading, state
+from sglang_patch import hooks, lifecycle, reading, state
+from sglang_patch.fault import Fault
 from sglang_patch.state import PluginState
 
 
@@ -50,6 +52,13 @@ def call_each_hook(sched):
         res = hooks.HOOKS[name](orig, sched, *args, **kwargs)
         out.append((name, orig, res, args, kwargs))
     return out
+
+
+def status(st, sched) -> dict:
+    """What GET /server_info shows under ``ebctl`` (the internal_state hook's part)."""
+    out = SimpleNamespace(internal_state={})
+    hooks.show(st, sched, out, None)
+    return out.internal_state["ebctl"]
 
 
 def settings(sched):
@@ -163,18 +172,18 @@ def test_mb_mixes(st):
     sched = Sched(is_mixed_chunk=True)
     hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
     assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is False
-    assert sched.is_mixed_chunk is True and st.mixed_unavailable is False
+    assert sched.is_mixed_chunk is True and st.setup.mixed_unavailable is False
 
 
 
 def test_mb_on_a_server_that_cannot_mix_is_eb_and_says_so(st):
     st.link.p = eb(mode=Mode.MB)
     sched = Sched()  # launched without --enable-mixed-chunk
-    st.mixed_reason = reading.mixed_unavailable_reason(sched, allow_without_flag=False)
-    st.mixed_unavailable = bool(st.mixed_reason)
+    st.setup = dataclasses.replace(st.setup,
+                                   mixed_reason=reading.mixed_unavailable_reason(sched, allow_without_flag=False))
     hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
-    assert st.mixed_unavailable is True and st.gate_policy.mode is Mode.EB
-    assert "--enable-mixed-chunk" in st.mixed_reason
+    assert st.setup.mixed_unavailable is True and st.gate_policy.mode is Mode.EB
+    assert "--enable-mixed-chunk" in st.setup.mixed_reason
     assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is True  # eb with k = 4
     assert sched.is_mixed_chunk is False
 
@@ -212,9 +221,9 @@ def test_an_exception_in_a_hook_calls_the_original_once_and_turns_the_plugin_off
     assert sched.is_mixed_chunk is True and st.cap == 8
     sched.running_batch.batch_is_full = True
     if hook == "internal_state":
-        monkeypatch.setattr(st, "status", lambda s: 1 / 0)
+        monkeypatch.setattr(lifecycle, "status", lambda st, s: 1 / 0)
     else:
-        st.fault_hook, st.fault_at = hook, 1
+        st.fault = Fault(hook)
     caplog.set_level(logging.ERROR, logger="ebctl.sglang")
     results = {name: (orig, res, args, kwargs) for name, orig, res, args, kwargs in call_each_hook(sched)}
     orig, res, args, kwargs = results[hook]
@@ -297,19 +306,20 @@ def test_start_names_the_engine_and_only_the_source_rank_talks(monkeypatch, tmp_
     cfg = tmp_path / "ebctl.toml"
     cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\nnode = "{node}"\n[engine]\nid_prefix = "{prefix}"\n')
     monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
-    monkeypatch.setattr(state.reading, "ranks", lambda: ranks)
-    monkeypatch.setattr(state.reading, "batch_kinds", lambda: {})
+    monkeypatch.setattr(lifecycle.reading, "ranks", lambda: ranks)
+    monkeypatch.setattr(lifecycle.reading, "batch_kinds", lambda: {})
     s = PluginState()
     caplog.set_level(logging.INFO, logger="ebctl.sglang")
-    s.start(Sched(is_mixed_chunk=True, chunked_prefill_size=64, max_running_requests=48, device="cuda"))
+    s.begin(Sched(is_mixed_chunk=True, chunked_prefill_size=64, max_running_requests=48, device="cuda"))
     try:
-        assert (s.engine_id, s.reporting, s.group) == (engine_id, reporting, ranks.group)
-        assert (s.launch_mixed, s.mixed_unavailable, s.max_running, s.sync_forward) == (True, False, 48, False)
+        u = s.setup
+        assert (u.engine_id, u.reporting, u.group) == (engine_id, reporting, ranks.group)
+        assert (u.launch_mixed, u.mixed_unavailable, u.max_running, u.sync_forward) == (True, False, 48, False)
         assert (s.link is not None) == reporting
-        assert s.status(Sched())["steering"] is True
+        assert (s.inbox is not None) == (reporting and ranks.group > 1)  # followers' faults come in at the source
+        assert lifecycle.status(s, Sched())["steering"] is True
     finally:
-        if s.link is not None:
-            s.link.close()
+        lifecycle.close(s.link, s.inbox, None)
 
 
 def test_a_new_policy_governs_the_steps_planned_after_it_arrived(st):
@@ -349,23 +359,23 @@ def test_a_policy_above_the_servers_max_running_is_refused_counted_and_the_engin
     cfg = tmp_path / "ebctl.toml"
     cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\n')
     monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
-    monkeypatch.setattr(state.reading, "ranks", lambda: reading.Ranks(0, True, 1))
-    monkeypatch.setattr(state.reading, "batch_kinds", lambda: {})
+    monkeypatch.setattr(lifecycle.reading, "ranks", lambda: reading.Ranks(0, True, 1))
+    monkeypatch.setattr(lifecycle.reading, "batch_kinds", lambda: {})
     s = PluginState()
     sched = Sched(max_running_requests=48)
-    s.start(sched)
+    s.begin(sched)
     try:
         def arrive(**kw):  # what the link's I/O thread queues for the engine's thread
             s.link._inbox.append(topic("dp0") + encode(Policy(engine_id="dp0", ttl_s=60.0, mode=Mode.EB, **kw)))
 
         arrive(version=1, k=4, n_max=49)
-        st = s.status(sched)
+        st = status(s, sched)
         assert (st["enabled"], st["policy_version"], s.cap, sched.is_mixed_chunk) == (True, -1, None, False)
         assert st["link"]["rejected"]["n_max"] == 1 and sum(st["link"]["rejected"].values()) == 1
         arrive(version=2, k=49, n_max=48)  # k above n_max
         arrive(version=3, k=4, n_max=48)  # at the server's limit: applied
         s.refresh(sched, monotonic())
-        st = s.status(sched)
+        st = status(s, sched)
         assert (st["enabled"], st["policy_version"], st["n_max"], s.cap) == (True, 3, 48, 48)
         assert st["link"]["rejected"] == {"malformed": 0, "version": 0, "validation": 0, "engine_id": 0, "ttl": 0,
                                           "n_max": 1, "k": 1}
