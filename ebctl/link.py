@@ -42,7 +42,6 @@ from ebctl.protocol import (
     ProtocolError,
     decode,
     encode,
-    report_from_row,
 )
 
 if TYPE_CHECKING:
@@ -184,15 +183,6 @@ class EngineLink:
         self._outbox.append(report)
         return True
 
-    def report_row(self, row: tuple) -> bool:
-        """:meth:`report` of a plain tuple in ``protocol.REPORT_ROW`` order: the I/O thread builds the struct
-        (the SGLang plugin's path: it keeps the per-iteration hook inside its budget)."""
-        if len(self._outbox) >= self._queue or self._closed:
-            self.dropped += 1
-            return False
-        self._outbox.append(row)
-        return True
-
     def policy(self, now: float) -> Policy | None:
         """The newest valid policy for this engine, or None if none arrived or it expired.
 
@@ -220,12 +210,10 @@ class EngineLink:
                 while out:
                     item = out[0]
                     try:
-                        if type(item) is tuple:
-                            item = out[0] = report_from_row(self.engine_id, item, self.instance)
-                        elif not item.instance:
+                        if not item.instance:
                             item = out[0] = msgspec.structs.replace(item, instance=self.instance)
                         frame = encode(item)
-                    except Exception as e:  # an engine bug (bad row, unencodable field): drop it, never wedge
+                    except Exception as e:  # an engine bug (an unencodable field): drop it, never wedge
                         out.popleft()
                         self.dropped += 1
                         self.unencodable += 1

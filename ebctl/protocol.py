@@ -77,19 +77,6 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
     finished: tuple[FinishedRequest, ...] = ()
 
 
-# IterationReport's fields after ``v``, ``engine_id`` and ``instance``, in order: an engine may queue a plain
-# tuple of these (``EngineLink.report_row``) and leave building the struct to the link's I/O thread, off the
-# scheduler's critical path (a 15-keyword struct costs ~1 µs there; a tuple, ~0.1 µs).
-REPORT_ROW = tuple(IterationReport.__struct_fields__[3:])
-
-
-def report_from_row(engine_id: str, row: tuple, instance: str = "") -> IterationReport:
-    """The report of a tuple in :data:`REPORT_ROW` order (all fields; ``TypeError`` on a wrong length)."""
-    if len(row) != len(REPORT_ROW):
-        raise TypeError(f"report row has {len(row)} fields, expected {len(REPORT_ROW)}: {REPORT_ROW}")
-    return IterationReport(engine_id=engine_id, instance=instance, **dict(zip(REPORT_ROW, row, strict=True)))
-
-
 class Estimates(msgspec.Struct, frozen=True, kw_only=True):
     """The numbers behind a policy, for status and metrics only (the engine never reads them)."""
 

@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 
 from ebctl.gate import PhaseGate
-from ebctl.protocol import BatchKind, FinishedRequest, Mode, Policy
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode, Policy
 from sglang_patch import group, group_fault, lifecycle, reading
 from sglang_patch.fault import Fault
 from sglang_patch.reading import batch_shape
@@ -64,6 +64,20 @@ _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exac
 # (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 20 ms late; on short iterations
 # (a few ms: CPU, small decode batches) this skips the check on most of them.
 POLICY_POLL_S = 0.02
+
+
+class Planned:
+    """One planned step, from planning to its result: what the report says of the step when it was planned
+    (occupancy, waiting, KV used), the forward's time and ``seq_lens_sum`` (CPU: right after it ran), and the
+    policy version it ran under. The ring reuses ``_RING`` of these, filled in place."""
+
+    __slots__ = ("forward_iter", "forward_s", "kv_used", "running", "seq_lens_sum", "version", "waiting")
+
+    def __init__(self) -> None:
+        self.forward_iter, self.running, self.waiting, self.kv_used = -1, 0, 0, 0
+        self.forward_s: float = math.nan
+        self.seq_lens_sum: int | None = None
+        self.version = -1
 
 
 class PluginState:
@@ -102,11 +116,9 @@ class PluginState:
         self.applied_gen = -1
         self.group_now = 0.0
         self.farewell = False  # the source switched off: one last "stock" envelope to send
-        # Per planned step, slot forward_iter % _RING: [forward_iter, running, waiting, KV used (all three
-        # when the step was planned), forward seconds (CPU), seq_lens_sum right after the forward, policy
-        # version it was planned under]. One list per step: the hooks touch one object, not seven (their
-        # cost is mostly cache misses).
-        self.ring: list[list] = [[-1, 0, 0, 0, math.nan, None, -1] for _ in range(_RING)]
+        # per planned step, slot forward_iter % _RING: one object the hooks touch, not seven (their cost is
+        # mostly cache misses)
+        self.ring = [Planned() for _ in range(_RING)]
         self.pending: list[FinishedRequest] = []  # completions not yet sent (ended outside a reported step)
         self.iterations = self.reports = self.defers = self.capped = self.mixed_steps = self.finished = 0
         self.chunk_alone = 0  # steps where a chunked prefill went on alone while the gate held
@@ -272,18 +284,18 @@ class PluginState:
                 # KV is read here, right after sglang planned the step (and checked its KV itself, so those
                 # objects are in cache): the KV the step holds, its new tokens included.
                 e = self.ring[key % _RING]  # filled in place: no allocation (and no GC pressure) per step
-                e[0] = key
+                e.forward_iter = key
                 running = plan.running_batch
                 # occupancy: the running batch, plus the batch to run when it is a separate one (a prefill's
                 # new requests; a MIXED step, whose running batch was handed over whole and is empty)
-                e[1] = len(running.reqs) if batch is running else len(running.reqs) + len(batch.reqs)
-                e[2] = len(sched.waiting_queue)
+                e.running = len(running.reqs) if batch is running else len(running.reqs) + len(batch.reqs)
+                e.waiting = len(sched.waiting_queue)
                 s = self.setup  # lifecycle.kv_used(s), inline: one call less per step
                 u = s.kv_total - s.kv_free() - s.kv_evictable()
-                e[3] = u if u > 0 else 0
-                e[4] = _NAN
-                e[5] = None
-                e[6] = self.version
+                e.kv_used = u if u > 0 else 0
+                e.forward_s = _NAN
+                e.seq_lens_sum = None
+                e.version = self.version
         if self.setup.group == 1:
             now = monotonic()
             if now >= self.next_poll:
@@ -370,9 +382,9 @@ class PluginState:
             self.fault.hit("run_batch")
         key = batch.forward_iter
         e = self.ring[key % _RING]
-        if e[0] == key:
-            e[4] = seconds
-            e[5] = batch.seq_lens_sum
+        if e.forward_iter == key:
+            e.forward_s = seconds
+            e.seq_lens_sum = batch.seq_lens_sum
 
     def before_result(self, sched: Any, result: Any, _: Any = None) -> None:
         """GPU: wait for the batch's results (the original does it first too) and note when they were ready."""
@@ -385,9 +397,9 @@ class PluginState:
     def after_result(self, sched: Any, batch: Any, _: Any = None) -> None:
         """The batch's results were processed: report it with the requests that finished in it.
 
-        The report leaves as a plain tuple (``protocol.REPORT_ROW`` order); the link's I/O thread builds the
-        struct. Every read here is an attribute, a ``len`` or a bound method looked up once at start: this is
-        the largest part of the per-iteration budget (docs/design.md §4: p50 ≤ 10 µs for all hooks together)."""
+        The report is the wire record itself (``protocol.IterationReport``), filled here by name; the link's I/O
+        thread only encodes it. Every read here is an attribute, a ``len`` or a bound method looked up once at
+        start: this is the largest part of the per-iteration hook time (docs/design.md §4)."""
         if self.fault is not None:
             self.fault.hit("batch_result")
         if self.link is None:
@@ -407,8 +419,9 @@ class PluginState:
             return
         key = batch.forward_iter
         e = self.ring[key % _RING]
-        if e[0] == key:
-            _, running, waiting, kv_used, run_s, ctx, version = e
+        if e.forward_iter == key:
+            running, waiting, kv_used, run_s, ctx, version = (e.running, e.waiting, e.kv_used, e.forward_s,
+                                                               e.seq_lens_sum, e.version)
         else:  # not planned through our hook (cannot happen in 0.5.23's loops): read what is there now
             running, waiting, kv_used = len(sched.running_batch.reqs), len(sched.waiting_queue), lifecycle.kv_used(s)
             run_s, ctx, version = math.nan, None, self.version
@@ -429,9 +442,13 @@ class PluginState:
         self.reports += 1
         if finished:
             self.finished += len(finished)
-        self.link.report_row((seq, wall_clock(), forward_s, kind, p_reqs, p_tokens, d_reqs, d_ctx, running, waiting,
-                              kv_used, s.kv_total, s.max_running, version, s.mixed_unavailable, s.mixed_reason,
-                              s.group, self._counts(seq) if seq % COUNTS_EVERY == 0 else _NO_COUNTS, finished))
+        self.link.report(IterationReport(
+            engine_id=s.engine_id, instance=self.link.instance, seq=seq, wall_time=wall_clock(), forward_s=forward_s,
+            kind=kind, prefill_reqs=p_reqs, prefill_tokens=p_tokens, decode_reqs=d_reqs, decode_ctx_tokens=d_ctx,
+            running=running, waiting=waiting, kv_used=kv_used, kv_total=s.kv_total, max_running=s.max_running,
+            policy_version=version, mixed_unavailable=s.mixed_unavailable, mixed_unavailable_reason=s.mixed_reason,
+            group_size=s.group, gate_reasons=self._counts(seq) if seq % COUNTS_EVERY == 0 else _NO_COUNTS,
+            finished=finished))
 
     def aborted(self, sched: Any, req: Any, _: Any = None) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
@@ -446,9 +463,13 @@ class PluginState:
     def _report_idle(self, sched: Any, plan: Any) -> None:
         finished, self.pending = tuple(self.pending), []
         s = self.setup
-        self._send((self.seq, wall_clock(), 0.0, BatchKind.IDLE, 0, 0, 0, 0, len(plan.running_batch.reqs),
-                    len(sched.waiting_queue), lifecycle.kv_used(s), s.kv_total, s.max_running, self.version,
-                    s.mixed_unavailable, s.mixed_reason, s.group, self._counts(0), finished))
+        self._send(IterationReport(
+            engine_id=s.engine_id, instance=self.link.instance, seq=self.seq, wall_time=wall_clock(), forward_s=0.0,
+            kind=BatchKind.IDLE, prefill_reqs=0, prefill_tokens=0, decode_reqs=0, decode_ctx_tokens=0,
+            running=len(plan.running_batch.reqs), waiting=len(sched.waiting_queue), kv_used=lifecycle.kv_used(s),
+            kv_total=s.kv_total, max_running=s.max_running, policy_version=self.version,
+            mixed_unavailable=s.mixed_unavailable, mixed_unavailable_reason=s.mixed_reason, group_size=s.group,
+            gate_reasons=self._counts(0), finished=finished))
 
     def _counts(self, seq: int) -> dict:
         """The gate's decision counts for report ``seq``: cumulative, so every COUNTS_EVERY-th report carries
@@ -460,11 +481,10 @@ class PluginState:
             return _NO_COUNTS
         return {str(r): n for r, n in self.gate.counts.items() if n}
 
-    def _send(self, row: tuple) -> None:
-        """Hand a report row (``protocol.REPORT_ROW`` order, ``finished`` last) to the link; never blocks: a
-        full queue drops it, counted in link.stats()."""
+    def _send(self, report: IterationReport) -> None:
+        """Hand a report to the link; never blocks: a full queue drops it, counted in link.stats()."""
         self.seq += 1
         self.reports += 1
-        if row[-1]:
-            self.finished += len(row[-1])
-        self.link.report_row(row)
+        if report.finished:
+            self.finished += len(report.finished)
+        self.link.report(report)

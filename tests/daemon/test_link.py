@@ -13,7 +13,6 @@ from ebd_helpers import report, scaled, wait_for
 
 from ebctl.link import ControlClient, DaemonUnreachable, EngineLink, topic
 from ebctl.protocol import (
-    REPORT_ROW,
     BatchKind,
     ControlReply,
     ControlRequest,
@@ -247,34 +246,29 @@ def test_control_client_wait_ready_gives_up_on_a_dead_daemon(tmp):
     client.close()
 
 
-def test_report_rows_are_built_on_the_io_thread_and_bad_rows_never_wedge_the_queue(tmp):
-    """The SGLang plugin queues plain tuples (``report_row``); the I/O thread turns them into the same report
-    a keyword-built struct gives, and drops (counts) a row it cannot build or encode, then goes on."""
-    assert REPORT_ROW == ("seq", "wall_time", "forward_s", "kind", "prefill_reqs", "prefill_tokens", "decode_reqs",
-                          "decode_ctx_tokens", "running", "waiting", "kv_used", "kv_total", "max_running",
-                          "policy_version", "mixed_unavailable", "mixed_unavailable_reason", "group_size",
-                          "gate_reasons", "finished")  # the plugin's tuple order
+def test_a_report_that_cannot_be_encoded_is_dropped_and_never_wedges_the_queue(tmp):
+    """The SGLang plugin queues the wire record itself (``IterationReport``, built by name in the hook); the I/O
+    thread only encodes it. A report it cannot encode is dropped and counted, and the next one leaves, whole:
+    the frame read back equals the report queued, its instance stamped by the link when the engine left it out."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.bind(f"ipc://{tmp}/t.sock")
     link = EngineLink("e0", telemetry_endpoint=f"ipc://{tmp}/t.sock", policy_endpoint=f"ipc://{tmp}/p.sock")
     try:
         done = (FinishedRequest(12, 7, "length", 0.25, 0.01),)  # no NaN: a NaN field never compares equal
-        good = (3, 1.7e9, 0.004, BatchKind.DECODE, 0, 0, 5, 321, 5, 2, 400, 1000, 16, 7, False, "", 2,
-                {"wait_k": 4}, done)
-        assert link.report_row((1, 2.0))  # too short
-        assert link.report_row((*good[:-1], object()))  # cannot be encoded
-        assert link.report_row(good)
+        good = IterationReport(engine_id="e0", seq=3, wall_time=1.7e9, forward_s=0.004, kind=BatchKind.DECODE,
+                               decode_reqs=5, decode_ctx_tokens=321, running=5, waiting=2, kv_used=400, kv_total=1000,
+                               max_running=16, policy_version=7, group_size=2, gate_reasons={"wait_k": 4},
+                               finished=done)
+        bad = msgspec.structs.replace(good, seq=2, finished=(object(),))  # a struct does not check types: encode does
+        assert link.report(bad)
+        assert link.report(good)
         frame = pull.recv() if pull.poll(int(scaled(5) * 1000)) else None
-        assert frame is not None, "the good row never arrived: a bad row wedged the queue"
-        expected = IterationReport(engine_id="e0", instance=link.instance, seq=3, wall_time=1.7e9, forward_s=0.004,
-                                   kind=BatchKind.DECODE, decode_reqs=5, decode_ctx_tokens=321, running=5, waiting=2,
-                                   kv_used=400, kv_total=1000, max_running=16, policy_version=7, group_size=2,
-                                   gate_reasons={"wait_k": 4}, finished=done)
-        assert decode(frame, IterationReport) == expected
+        assert frame is not None, "the good report never arrived: a bad one wedged the queue"
+        assert decode(frame, IterationReport) == msgspec.structs.replace(good, instance=link.instance)
         assert len(link.instance) == 8
         s = link.stats()
-        assert (s["sent"], s["dropped"], s["unencodable"]) == (1, 2, 2), s
+        assert (s["sent"], s["dropped"], s["unencodable"]) == (1, 1, 1), s
     finally:
         link.close()
         pull.close(0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ebctl.protocol import BatchKind, report_from_row
+from ebctl.protocol import BatchKind
 from sglang_patch.lifecycle import Setup
 from sglang_patch.state import PluginState
 
@@ -54,16 +54,13 @@ class Sched(SimpleNamespace):
 class Link:
     def __init__(self, policy=None):
         self.p, self.sent = policy, []
+        self.instance = "fake"
 
     def policy(self, now):
         return self.p
 
     def report(self, r):
         self.sent.append(r)
-        return True
-
-    def report_row(self, row):  # what EngineLink's I/O thread does with a row
-        self.sent.append(report_from_row("dp0", row))
         return True
 
     def stats(self):
