@@ -1,7 +1,10 @@
 """A tensor-parallel server (``--tp-size 2``, two scheduler ranks in lockstep) is steered: both ranks apply
 the source rank's policy at the same iterations and take the same gate decisions (their traces match line
 for line), EB(k = 4, n_max = 8) holds, every request completes, and kill -9 of the daemon takes both ranks
-back to stock together. In both event loops. Real sglang 0.5.23 on CPU, real daemon, sglang's client."""
+back to stock together. Last, a fault on the follower rank only (``engine.fault = "abort_output:1@1"``: its
+first ``send_abort_output``, which nothing before that test calls) takes both ranks to stock at one iteration:
+the follower tells the source, keeps applying the group's policy meanwhile, and the source's farewell envelope
+switches the group off. In both event loops. Real sglang 0.5.23 on CPU, real daemon, sglang's client."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import threading
 import time
 
 import pytest
-from harness import BURST, EB_K4_N8, TP_TORCH_CORES, Rig, eb_check, wait_for
+from harness import BURST, EB_K4_N8, TP_TORCH_CORES, Rig, eb_check, post_json, wait_for
 
 pytestmark = pytest.mark.sglang
 
@@ -23,8 +26,8 @@ def rig(request, sglang_venv, tiny_model, tmp_path_factory):
     args = ["--tp-size", "2", "--max-running-requests", "16"]
     if request.param == "normal":
         args.append("--disable-overlap-schedule")
-    r = Rig(sglang_venv, tiny_model, workdir, args, daemon=EB_K4_N8, engine={"engine.trace_dir": str(traces)},
-            env=TP_TORCH_CORES)
+    r = Rig(sglang_venv, tiny_model, workdir, args, daemon=EB_K4_N8,
+            engine={"engine.trace_dir": str(traces), "engine.fault": "abort_output:1@1"}, env=TP_TORCH_CORES)
     r.traces = traces
     yield r
     r.close()
@@ -87,3 +90,48 @@ def test_kill9_of_the_daemon_takes_both_ranks_to_stock_together(rig):
     finally:
         rig.daemon.start()
     rig.wait_policy("eb", k=4, n_max=8)  # a new daemon: steered again
+
+
+def test_a_follower_fault_takes_both_ranks_to_stock_at_one_generation(rig):
+    """The last test of the module: the plugin stays off afterwards. An abort of every request (the queued
+    ones are answered through ``send_abort_output`` on every rank) makes the follower's hook raise. Only the
+    source's status reaches GET /server_info (a follower has no socket to the tokenizer), so each rank's trace
+    shows where it went stock: its last line, the same iteration and generation on both."""
+    st = rig.set_eb()
+    mark = rig.tap.mark()
+    result: dict = {}
+    load = threading.Thread(target=lambda: result.update(rig.bench(num_prompts=96, input_len=32, output_len=48,
+                                                                   range_ratio=0.5, concurrency=24, seed=25)))
+    load.start()
+    wait_for(lambda: sum(r.running >= 8 and r.waiting > 0 for r in rig.tap.since(mark)) >= 10, 60,
+             "requests to queue behind the cap")
+    post_json(f"{rig.server.url}/abort_request", {"abort_all": True})
+    load.join(300)
+
+    def stopped() -> dict | None:
+        s = rig.server.ebctl()
+        if s["enabled"]:
+            rig.generate(1)  # the source reads the notice when it next builds an envelope: one more iteration
+            return None
+        return s
+    st = wait_for(stopped, 60, "the follower's fault to reach the source")
+    assert not st["enabled"] and st["error"] == "follower rank 1: exception in hook abort_output", st
+    assert (st["policy_version"], st["mode"]) == (-1, "none"), st
+    r0, r1 = ([json.loads(x) for x in (rig.traces / f"trace.dp0.r{i}.jsonl").read_text().splitlines()] for i in (0, 1))
+    faults = [x for x in r1 if "fault" in x]
+    assert [x["fault"] for x in faults] == ["exception in hook abort_output"]  # told once
+    steered = [x for x in r1 if "fault" not in x]
+    off0, off1 = r0[-1], steered[-1]  # each rank's last line: where it went stock
+    assert off0["off"] == st["error"] and off1["off"] == "exception in hook abort_output"
+    assert (off0["it"], off0["gen"]) == (off1["it"], off1["gen"]) and off0["gen"] == st["group_generation"]
+    assert r0[:-1] == steered[:-1]  # the same decisions and batches on both ranks until then: the faulted
+    # follower kept the group's policy
+    assert faults[0]["it"] <= off1["it"] and faults[0]["gen"] < off1["gen"]
+    assert any(x.get("v", -1) >= 0 for x in r0[:-1])  # steered before it
+    # stock from then on, on both ranks: every request served, nothing more traced, no second fault logged
+    assert rig.bench(**{**BURST, "num_prompts": 16}, seed=26)["completed"] == 16
+    assert len((rig.traces / "trace.dp0.r0.jsonl").read_text().splitlines()) == len(r0)
+    log = rig.server.log()
+    assert log.count("ebctl: exception in hook abort_output on follower rank 1") == 1
+    assert log.count("ebctl: follower rank 1 of engine dp0 reported") == 1
+    assert "Scheduler hit an exception" not in log and rig.server.alive()
