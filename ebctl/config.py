@@ -135,7 +135,8 @@ _ENGINE_SPECS: dict[str, Spec] = {
                                      "nothing rules mixing out (speculative decoding, prefill CUDA graphs, ...)"),
     "trace_dir": Spec(str, "diagnosis and tests: each scheduler rank appends its gate decisions (one JSON line "
                            "each) to trace.dp<D>.r<R>.jsonl here; empty: off"),
-    "fault": Spec(str, "tests only: 'HOOK:N' makes the plugin raise in that hook at its N-th call; empty: never"),
+    "fault": Spec(str, "tests only: 'HOOK:N' makes the plugin raise in that hook at its N-th call; 'HOOK:N@RANK' "
+                       "only in the scheduler of that rank in its group (r<RANK> of the trace files); empty: never"),
 }
 
 _CONTROLLER_SPECS: dict[str, Spec] = {
@@ -209,6 +210,12 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
                                    "guard)", 0.0, 10.0),
     "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) "
                               "that restarts the search (output length: twice this)", 0.01, 10.0),
+    "slo_ttft_s": Spec(float, "latency target: time to first token (s); 0: none. With this or slo_tpot_s set, the "
+                              "measured search (theta_method measured: θ, and in eb+ the mode) maximizes goodput, "
+                              "the output tokens/s of the requests within every set target, and tune_ttft_slack is "
+                              "off; status shows the attainment either way", 0.0, 86_400),
+    "slo_tpot_s": Spec(float, "latency target: time per output token after the first, (last − first token) / "
+                              "(output − 1) per request (s); 0: none (see slo_ttft_s)", 0.0, 3600),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
     "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
 }

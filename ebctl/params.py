@@ -32,6 +32,8 @@ class TunerParams:
     explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
     theta_entry: float = 0.2  # the largest θ a search enters EB at from stock or mb; larger θ is reached by climbing
     ttft_slack: float = 0.1  # a challenger whose TTFT p99 exceeds stock's by more than this share does not win
+    slo_ttft_s: float = 0.0  # latency targets (``ebctl.slo``); either set: windows are judged by goodput under them,
+    slo_tpot_s: float = 0.0  # and the TTFT guard (ttft_slack) is off. 0: not set
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,8 @@ class ControllerParams:
     tune_theta_entry: float = 0.2  # measured: the largest θ a search enters EB at from stock or mb
     tune_ttft_slack: float = 0.1  # measured: a challenger whose TTFT p99 exceeds stock's by more does not win
     tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
+    slo_ttft_s: float = 0.0  # latency target, time to first token (s); 0: none (``ebctl.slo``)
+    slo_tpot_s: float = 0.0  # latency target, time per output token after the first (s); 0: none
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
 
@@ -96,7 +100,8 @@ class ControllerParams:
                            min_pairs=self.tune_min_pairs, max_pairs=self.tune_max_pairs,
                            min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
                            recheck=self.tune_recheck, explore_budget=self.tune_explore_budget,
-                           theta_entry=self.tune_theta_entry, ttft_slack=self.tune_ttft_slack)
+                           theta_entry=self.tune_theta_entry, ttft_slack=self.tune_ttft_slack,
+                           slo_ttft_s=self.slo_ttft_s, slo_tpot_s=self.slo_tpot_s)
 
 
 class Fit(NamedTuple):

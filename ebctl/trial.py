@@ -21,6 +21,12 @@ still.
 A window counts only when saturated: requests waited on ≥ 90% of its time and, under EB, more than N were in
 the engine (the gate's own deferral is not load).
 
+With latency targets set (``ebctl.slo``), a window's worth is its **value**, rate × the share of the output tokens
+of its judged requests that met every target (its attainment): the ratio of two values is the ratio of the two
+windows' goodputs. A window judges the requests that finished in it whose first token came after its arm's run
+began and at most ``window`` completions before its own start (``since``; the module docstring of ``ebctl.slo``).
+A window that judged no request says nothing of goodput.
+
 **A trial** (incumbent A, challenger B) measures windows in the order A0 B1 A1 B2 A2 ...; pair i compares B_i
 with the mean of the incumbent's windows on both sides, so a linear drift cancels: d_i = ln B_i −
 (ln A_{i−1} + ln A_i)/2. After at least ``min_pairs`` pairs, B wins if mean(d) ≥ ln(1 + ``min_effect``) and
@@ -40,6 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ebctl import slo
 from ebctl.protocol import IterationReport, Mode
 
 SATURATED_SHARE = 0.9  # a window counts when requests waited on at least this share of its time
@@ -80,11 +87,23 @@ class Window:
     saturated_s: float = 0.0
     mixed: list[tuple[float, int, int]] = field(default_factory=list)  # (dt, prefill tokens, decode rows) each
     ttfts: list[float] = field(default_factory=list)  # the finished requests' TTFTs the engine measured (s)
+    room: int = -1  # EB: N − k, the most requests the engine holds with the gate open (-1: not EB)
+    since: float = -math.inf  # with latency targets: it judges the requests whose first token came at or after this
+    peak: int = 0  # the most requests in the engine (running + waiting) in any of its iterations
+    judged_tokens: int = 0  # with latency targets: output tokens of the requests judged against them
+    good_tokens: int = 0  # ... of those that met every target
 
-    def add(self, r: IterationReport, dt: float) -> None:
+    def add(self, r: IterationReport, dt: float, targets: slo.Targets | None = None) -> None:
+        """One iteration of ``dt`` seconds; with ``targets``, its finished requests judged against them (those
+        whose first token came at or after ``since``)."""
         p, d = r.prefill_tokens, r.decode_reqs
         self.completions += len(r.finished)
         self.ttfts.extend(f.ttft_s for f in r.finished if f.ttft_s >= 0.0)  # NaN: not measured
+        self.peak = max(self.peak, r.running + r.waiting)
+        if targets is not None and r.finished:
+            got = slo.tally(r.finished, targets, finish=r.wall_time, since=self.since)
+            self.judged_tokens += got.judged
+            self.good_tokens += got.good
         self.prefill_tokens += p
         self.decode_tokens += d
         if p + d == 0:
@@ -124,6 +143,16 @@ class Window:
         t_req = mu_l * prefill_s / self.prefill_tokens + (mu_o - 1) * decode_s / self.decode_tokens
         return (mu_l + mu_o) / t_req * busy / (busy + self.idle_s)
 
+    def attainment(self) -> float:
+        """The share of the judged output tokens that met every target (``ebctl.slo``); NaN with none judged."""
+        return slo.attainment(self.good_tokens, self.judged_tokens)
+
+    @property
+    def binds(self) -> bool:
+        """Could the EB gate have held a request back? Not while the engine never held more than N − k requests:
+        a refill of k then starts whenever one arrives, and EB runs as the engine's own rule. True for stock/mb."""
+        return self.room < 0 or self.peak > self.room
+
     @property
     def saturated(self) -> bool:
         return self.seconds > 0 and self.saturated_s >= SATURATED_SHARE * self.seconds
@@ -136,11 +165,12 @@ class Trial:
     incumbent: str
     challenger: str
     started: float
-    rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, served tokens/s) per measured window
+    rates: list[tuple[str, float]] = field(default_factory=list)  # (arm, value) per measured window (module docstring)
     invalid: int = 0  # unsaturated windows in a row
     probed: bool = False  # an eb+ probe paused it (one per trial: each pause drops windows)
     lead: float = math.nan  # ln rate of a challenger window clearly above the incumbent, awaiting its confirmation
     ttfts: list[float] = field(default_factory=list)  # TTFTs of the challenger's measured windows
+    attained: list[tuple[str, float]] = field(default_factory=list)  # (arm, attainment) per measured window (targets)
 
     def arm(self) -> str:
         """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""

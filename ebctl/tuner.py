@@ -15,7 +15,20 @@ smaller first); from EB(θ) it tries θ·2^±s
 θ_min lies stock), going on in the direction of the last win. Once nothing is left to try it settles, and
 re-checks its neighbours and stock in turn after ``recheck`` completions, then twice as long each time.
 
-Trials run only while the engine is saturated, so below saturation θ does not move. After every switch of arm
+**Objective**: with latency targets set (``controller.slo_ttft_s``, ``slo_tpot_s``), every window is judged by
+its goodput instead of its throughput: its rate × the share of the output tokens of its requests that met every
+target (``ebctl.slo``). The trials, the ledger, the early stops and the gain against stock then all compare
+goodput; the TTFT guard is off (the targets replace it); status carries each window's and each arm's attainment.
+A window judges only the requests whose first token came after its arm's run began (and after the window
+before it): a request finishing in it may have been admitted under the arm before a switch, and a batch turns over
+more slowly than the settling windows run. With targets, windows count at any load (latency depends on the arm
+below saturation too); from stock or mb the search goes on past the closed forms up an octave ladder of θ
+(``_ladder``); and a challenger EB arm whose engine never held more than N − k requests loses at once (it runs as
+the engine's own rule, and so does any smaller θ at that load). New targets drop what was measured under the old
+ones and restart the search from the incumbent.
+
+Trials run only while the engine is saturated, so below saturation θ does not move (without latency targets:
+with them, windows count at any load). After every switch of arm
 windows are run and dropped: one for an EB arm, two for stock and mb (``SETTLE_EB``, ``SETTLE_OWN``). The batch
 the previous arm left (its size, its requests' ages) takes about one window to wash out; the engine's own
 admission state takes longer (sglang's new_token_ratio, decayed to its floor under EB, lets stock admit more
@@ -34,9 +47,9 @@ a slower challenger loses, even in its settling window (looked at once it has ru
 there only beyond ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and
 wins if the two windows' mean clears the bar for two (``_closed``), else the two are the pair's B. A faster
 challenger other than stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack`` loses
-(``_win``): throughput does not see what EB's refills cost latency. The incumbent's gain against stock
-(``gain``), what ``ebctl status`` shows as "is it helping": its windows since it won against stock's last
-ones, or, until it has run three, the figure carried along the trials that led to it.
+(``_win``): throughput does not see what EB's refills cost latency (without latency targets only). The
+incumbent's gain against stock (``gain``), what ``ebctl status`` shows as "is it helping": its windows since it
+won against stock's last ones, or, until it has run three, the figure carried along the trials that led to it.
 
 **Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
 dropped, the search starts again from the incumbent with its largest step.
@@ -51,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from ebctl import slo
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
@@ -134,6 +148,11 @@ class Tuner:
         self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
         self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
+        self.targets = slo.Targets(params.slo_ttft_s, params.slo_tpot_s)  # the objective's (``ebctl.slo``)
+        self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
+        self._run_since = math.nan  # when the running arm's current run began, its completions since, and its
+        self._run_done = 0  # windows' starts (wall time, completions then): with targets, which requests a window
+        self._starts: list[tuple[float, int]] = []  # judges (``_judge_since``)
 
     # --- arms -----------------------------------------------------------------------------------------
     def theta(self, arm: str) -> float:
@@ -182,6 +201,20 @@ class Tuner:
                     self.incumbent = STOCK
                 self._end_trial("aborted", "mb no longer available")
 
+    def _ladder(self) -> list[str]:
+        """With latency targets, what stock and mb try after the closed forms: EB an octave above the largest of
+        them, then another, up to θ_max. The closed forms model throughput; where latency binds the best θ is set
+        by the latency each refill costs, which none of them gives, and below it EB may not bind at all (with
+        fewer requests than N − k in the engine EB is the engine's own rule), a plateau from which no step gains.
+        On simulated RTX PRO 6000 (azure-conv, c = 256, TTFT ≤ 10 s and TPOT ≤ 100 ms) every θ up to 0.25 ran as
+        stock, with 4% of the requests within both, and θ = 0.75 got 48%."""
+        if not self.targets.set:
+            return []
+        low = self.entries[-1] if self.entries else self._lowest()
+        if not low:
+            return []
+        return [f"eb@{j}" for j in range(int(low[3:]) - QUARTERS, -1, -QUARTERS)]  # k grows with θ: all ≥ MIN_K
+
     def _lowest(self) -> str:
         """The smallest grid θ whose k reaches MIN_K at the engine's N ("" if none does)."""
         for i in range(self.top, -1, -1):
@@ -197,7 +230,7 @@ class Tuner:
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
-            return [*([STOCK] if inc == MB else mb), *self.entries]
+            return [*([STOCK] if inc == MB else mb), *self.entries, *self._ladder()]
         i, k = int(inc[3:]), self.k(inc)
 
         def other(js: range) -> str | None:  # the first grid point of js whose k differs from the incumbent's
@@ -220,6 +253,8 @@ class Tuner:
 
     def observe(self, r: IterationReport) -> None:
         """One iteration: attribute it to the arm whose policy the engine applied, extend or close windows."""
+        if (self.p.slo_ttft_s, self.p.slo_tpot_s) != self.targets:
+            self._retarget()
         last, self._last = self._last, r
         start, self._last_wall = self._last_wall, r.wall_time
         if math.isnan(self.first_wall):
@@ -233,7 +268,11 @@ class Tuner:
         w = self.window
         if applied is None or applied.arm != self.arm:  # another arm's (a transition, a probe, an expiry)
             self.window, self._since = None, 0
+            self._run_since, self._run_done, self._starts = math.nan, 0, []
             return
+        if math.isnan(self._run_since):
+            self._run_since = start
+        self._run_done += len(r.finished)
         self._since += len(r.finished)
         if self._boundary(r, last, applied) or self._since >= LONG_WINDOW * self.p.window:
             self._since = 0
@@ -244,16 +283,36 @@ class Tuner:
                 if self.arm != applied.arm:  # switched: this report belongs to the transition
                     return
             if self.window is None and math.isfinite(start):
-                self.window = Window(applied.arm, start)
+                self.window = Window(applied.arm, start, room=applied.n_max - applied.k if applied.mode is Mode.EB
+                                     else -1, since=self._judge_since())
+                self._starts.append((start, self._run_done))
         w = self.window
         if w is None or not math.isfinite(start):
             return
         dt = max(r.wall_time - start, 0.0)
-        w.add(r, dt)
+        if self.targets.set:
+            w.add(r, dt, self.targets)
+        else:
+            w.add(r, dt)
         if r.waiting > 0 and (applied.mode is not Mode.EB or r.running + r.waiting > applied.n_max):
             w.saturated_s += dt
         if self.settling and self.trial is not None and w.arm == self.trial.challenger:
             self._peek(w, r.wall_time)
+
+    def _judge_since(self) -> float:
+        """With latency targets, the first-token time from which a window opening now judges requests: the start
+        of the latest window of this run that opened at least ``window`` completions ago, else the run's start.
+        Every window judges the requests that began at most about ``window`` completions before it, whether the
+        window follows a switch (the settling windows hold them) or not, and whether windows close on their
+        completions or on their time (a window of 10 s at c = 2,048 held no request that began after the window
+        before it: RTX PRO 6000, balanced)."""
+        bar, since = self._run_done - self.p.window, self._run_since
+        keep = 0
+        for i, (wall, done) in enumerate(self._starts):
+            if done <= bar:
+                since, keep = max(since, wall), i
+        del self._starts[:keep]
+        return since
 
     def _peek(self, w: Window, now: float) -> None:
         """A challenger's settling window stays whole (``_full``), but one that has run ``window_s`` seconds and
@@ -263,8 +322,9 @@ class Tuner:
                                            and w.completions >= self.p.window // MIN_WINDOW_SHARE):
             return
         self._peeked = w.start
-        rate, ref = w.rate(self.mu_l, self.mu_o), self._ref()
-        saturated = w.saturated_s >= SATURATED_SHARE * (now - w.start)
+        rate, ref = self._value(w), self._ref()
+        saturated = (w.saturated_s >= SATURATED_SHARE * (now - w.start) if not self.targets.set
+                     else w.judged_tokens > 0)
         if saturated and rate > 0 and math.log(rate) - ref < -self._stop_bar():
             w.end = now
             self.window = None
@@ -322,38 +382,49 @@ class Tuner:
         t = self.trial
         if t is None:
             self.gap -= w.completions
-        rate = w.rate(self.mu_l, self.mu_o)
+        rate = self._value(w)
         ln = math.log(rate) if rate > 0 else math.nan  # NaN: no busy time
         ref = self._ref()
         if w.arm != self.incumbent or self.settling:  # exploring, or the way back from it (Ledger)
             if w.arm != self.incumbent:
                 self.explore_run_s += w.seconds
-            if math.isfinite(ln - ref) and w.saturated:
+            if math.isfinite(ln - ref) and self._counts(w):
                 self.explore_s += w.seconds * max(0.0, 1.0 - math.exp(ln - ref))
-        elif math.isfinite(ln) and w.saturated:
+        elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
-        if t is not None and w.arm == t.challenger and w.saturated and ln - ref < -self._stop_bar():
+        if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():
             sd = self.early_stop_bar / EARLY_STOP_Z
             self._end_trial("lose", f"clearly slower: {math.expm1(ln - ref):+.1%} in one window",
                             measured=(ln - ref, sd * sd))
             return
+        if self.targets.set and t is not None and w.arm == t.challenger and not w.binds:
+            # it runs as the engine's own rule, and so would any smaller θ (a smaller k, a larger N − k) at this load
+            self._end_trial("lose", f"EB does not bind: at most {w.peak} requests in the engine, the gate holds "
+                                    f"back beyond N − k = {w.room}")
+            self.tried.update(f"eb@{j}" for j in range(int(w.arm[3:]), self.top + 1))
+            if self.gap <= 0 and self.trial is None:
+                self._start_trial(w)
+            return
         if self.settling:
             self.settling -= 1
             return
-        if w.arm == STOCK and w.saturated and math.isfinite(ln):  # what the gain and the TTFT guard compare with
+        if self.targets.set:
+            self.attained[w.arm] = w.attainment()
+        if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the TTFT guard compare with
             self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
             self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
         if t is None:
-            if self.saturated and self.gap <= 0 and self.steady:
+            if self._counts(w) and self.gap <= 0 and self.steady:
                 self._start_trial(w)
             return
-        if not w.saturated:
+        if not self._counts(w):
             t.invalid += 1
             if t.invalid >= MAX_INVALID:
                 self._end_trial("aborted", "not saturated")
             return
         t.invalid = 0
-        rate = w.rate(self.mu_l, self.mu_o)
+        if self.targets.set:
+            t.attained.append((w.arm, w.attainment()))
         if w.arm == t.challenger:
             t.ttfts.extend(w.ttfts)
             bar = math.log1p(self.p.min_effect)
@@ -389,10 +460,11 @@ class Tuner:
     def _win(self, t: Trial, w: Window, why: str, *, measured: tuple[float, float],
              verdict_: Verdict | None = None) -> None:
         """The challenger is faster: it wins, unless it is not stock and its TTFT p99 exceeds stock's by more
-        than ``ttft_slack`` (``ttft_excess``); then it loses. Throughput alone would not see what EB's
-        refills cost latency: on the CPU server (prompts of 600 tokens, 16 slots) EB(k = 6) ran as fast as
-        sglang alone with a TTFT p99 half as long again. The next trial starts at once while searching."""
-        excess = self.ttft_excess(t.ttfts) if t.challenger != STOCK else math.nan
+        than ``ttft_slack`` (``ttft_excess``; without latency targets only: they replace it); then it loses.
+        Throughput alone would not see what EB's refills cost latency: on the CPU server (prompts of 600 tokens,
+        16 slots) EB(k = 6) ran as fast as sglang alone with a TTFT p99 half as long again. The next trial
+        starts at once while searching."""
+        excess = self.ttft_excess(t.ttfts) if t.challenger != STOCK and not self.targets.set else math.nan
         if excess > self.p.ttft_slack:
             self._end_trial("lose", f"TTFT p99 {excess:+.0%} against stock's (at most {self.p.ttft_slack:+.0%})",
                             verdict_=verdict_, measured=measured)
@@ -408,6 +480,26 @@ class Tuner:
         if len(ttfts) < MIN_TTFTS or len(ref) < MIN_TTFTS:
             return math.nan
         return float(np.percentile(ttfts, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
+
+    def _counts(self, w: Window) -> bool:
+        """Does a window count? Without latency targets only when saturated: below saturation the arm does not
+        change throughput. With them at any load (the arm changes latency at any load, and goodput with it), once
+        it judged a request: one that judged none says nothing of goodput."""
+        return w.judged_tokens > 0 if self.targets.set else w.saturated
+
+    def _value(self, w: Window) -> float:
+        """A window's worth: its rate; with latency targets, × its attainment (``ebctl.slo``)."""
+        rate = w.rate(self.mu_l, self.mu_o)
+        return slo.value(rate, w.attainment()) if self.targets.set else rate
+
+    def _retarget(self) -> None:
+        """The latency targets changed (``tune set``): what was measured was judged by another objective. The
+        trial and the window are dropped, the incumbent's and stock's windows and the gain forgotten, and the
+        search starts again from the incumbent."""
+        old, self.targets = self.targets, slo.Targets(self.p.slo_ttft_s, self.p.slo_tpot_s)
+        self.reset(f"latency targets: {old.describe()} → {self.targets.describe()}")
+        self.ref_lns, self.attained = [], {}
+        self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
     @property
     def early_stop_bar(self) -> float:
@@ -478,8 +570,10 @@ class Tuner:
         self.trial_id += 1
         self.counts["trials"] += 1
         t = self.trial = Trial(self.incumbent, options[0], last.end)
-        if last.arm == self.incumbent == self.arm and last.saturated:
-            t.rates.append((last.arm, last.rate(self.mu_l, self.mu_o)))
+        if last.arm == self.incumbent == self.arm and self._counts(last):
+            t.rates.append((last.arm, self._value(last)))
+            if self.targets.set:
+                t.attained.append((last.arm, last.attainment()))
         self._run(t.arm())
 
     def _rest(self) -> None:
@@ -510,7 +604,8 @@ class Tuner:
                 "incumbent": t.incumbent, "challenger": t.challenger, "theta_incumbent": self.theta(t.incumbent),
                 "theta_challenger": self.theta(t.challenger), "started": t.started, "pairs": len(d),
                 "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(effect),
-                "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision, "why": why}]
+                "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision, "why": why,
+                "attainment": _attained(t)}]
         if decision == "win":
             old, new = t.incumbent, t.challenger
             if old.startswith("eb@") and new.startswith("eb@"):
@@ -585,7 +680,7 @@ class Tuner:
             return "trial"
         if not self.steady:
             return "warming up"
-        if not self.saturated:
+        if not self.saturated and not self.targets.set:
             return "waiting for saturation"
         if self.settled:
             return "settled"
@@ -600,10 +695,25 @@ class Tuner:
             "state": self.state(), "incumbent": self.incumbent, "theta_incumbent": self.theta(self.incumbent),
             "arm": self.arm, "theta_arm": self.theta(self.arm), "step_octaves": self.step / QUARTERS,
             "trial": None if t is None else {"incumbent": t.incumbent, "challenger": t.challenger,
-                                             "windows": len(t.rates), "rates": [round(r, 3) for _, r in t.rates]},
+                                             "windows": len(t.rates), "rates": [round(r, 3) for _, r in t.rates],
+                                             "attainment": _attained(t)},
             "window": None if w is None else {"arm": w.arm, "completions": w.completions,
                                               "need": self.p.window},
             "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.prior_sd,
             "reset_reason": self.reset_reason, **self.counts, "history": list(self.history), "gain": self.gain(),
-            "stock_mixes": self.stock_mixes,
+            "stock_mixes": self.stock_mixes, "slo": self.slo_status(),
         }
+
+    def slo_status(self) -> dict[str, Any] | None:
+        """With latency targets: the targets, the objective, each arm's attainment in its last measured window and
+        the attainment of the window in progress so far (``ebctl.slo``); None without."""
+        if not self.targets.set:
+            return None
+        w = self.window
+        return {"ttft_s": self.targets.ttft_s, "tpot_s": self.targets.tpot_s, "objective": "goodput",
+                "arms": dict(self.attained), "window": w.attainment() if w is not None else math.nan}
+
+
+def _attained(t: Trial) -> list[list[Any]]:
+    """A trial's windows' attainments, [arm, share] each (empty without latency targets)."""
+    return [[arm, round(a, 4)] for arm, a in t.attained]

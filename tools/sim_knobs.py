@@ -1,6 +1,7 @@
 """The simulator's table "against SGLang's own knobs" (docs/results/sim_knobs.md), as Markdown.
 
-    .venv/bin/python tools/sim_knobs.py [--requests 3000] [--jobs 2] [--seed 0] [--quick]
+    .venv/bin/python tools/sim_knobs.py [--requests 3000] [--jobs 2] [--seed 0] [--quick] [--slo-objective]
+        [--profile P ...] [--workload W ...] [--conc C ...]
 
 What an operator can set instead of ebctl, one flag each (``ebctl.sim.policies.static_sweep``: stock, mixed
 chunks, ``--min-free-slots-delay K`` for K = 2 ... 512, ``--prefill-decode-interval N`` for N = 1 ... 32), run
@@ -13,6 +14,12 @@ requests that met both targets; ``tools/ab_real.py --slo`` counts the same on th
 pairs: the paper's (TTFT ≤ 10 s, TPOT ≤ 100 ms, its Table 18) and a tight pair set per cell from stock's own
 latencies (TTFT ≤ stock's p75, TPOT ≤ stock's p90), with the best static setting's attainment (the share of
 requests meeting both) beside it. ``--quick``: one profile, two workloads, c = 512, 400 requests (CI).
+
+``--slo-objective``: the default is run again per cell and pair with that pair as its latency targets
+(``default:ttft=X,tpot=Y``: ``controller.slo_ttft_s``/``slo_tpot_s``, so its measured search maximizes goodput
+under them; the tight pair comes from the cell's stock run, so these runs follow the others), and a second table
+sets its goodput beside the best static setting's and the default's without targets. ``--profile``,
+``--workload``, ``--conc`` (each repeatable) run a subset of the cells.
 """
 
 from __future__ import annotations
@@ -71,9 +78,15 @@ def tight_slo(stock: dict) -> tuple[float, float]:
     return float(np.nanpercentile(stock["ttft"], 75)), float(np.nanpercentile(stock["tpot"], 90))
 
 
+def slo_spec(slo: tuple[float, float]) -> str:
+    """The default with ``slo`` as its latency targets (exact: ``repr`` round-trips a float)."""
+    return f"{CONTROLLER}:ttft={slo[0]!r},tpot={slo[1]!r}"
+
+
 def cell_row(runs: dict[str, dict]) -> dict:
-    """The default against the best static setting of one cell: by output tok/s, and by goodput at each pair."""
-    static = {s: r for s, r in runs.items() if s != CONTROLLER}
+    """The default against the best static setting of one cell: by output tok/s, and by goodput at each pair
+    (``targeted``: the default's goodput with that pair as its targets, where it ran)."""
+    static = {s: r for s, r in runs.items() if policies.is_static(s)}
     ctl = runs[CONTROLLER]
     best_tok = max(static, key=lambda s: static[s]["tok_per_s"])
     row = {"tok": (ctl["tok_per_s"], best_tok, static[best_tok]["tok_per_s"])}
@@ -81,6 +94,8 @@ def cell_row(runs: dict[str, dict]) -> dict:
         good = {s: goodput(r, slo) for s, r in static.items()}
         best = max(good, key=lambda s: good[s][0])
         row[name] = {"slo": slo, "ctl": goodput(ctl, slo), "best": best, "best_good": good[best]}
+        if slo_spec(slo) in runs:
+            row[name]["targeted"] = goodput(runs[slo_spec(slo)], slo)
     return row
 
 
@@ -98,17 +113,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="one profile, two workloads, c = 512, 400 requests")
+    ap.add_argument("--slo-objective", action="store_true",
+                    help="also run the default with each pair as its latency targets (a second table)")
+    ap.add_argument("--profile", action="append", choices=PROFILES, help="only this profile (repeatable)")
+    ap.add_argument("--workload", action="append", choices=MIXES, help="only this workload (repeatable)")
+    ap.add_argument("--conc", action="append", type=int, help="only this concurrency (repeatable)")
     a = ap.parse_args(argv)
     prof_list, mixes, concs = (PROFILES[:1], MIXES[1:3], (512,)) if a.quick else (PROFILES, MIXES, CONCURRENCY)
+    prof_list, mixes, concs = a.profile or prof_list, a.workload or mixes, a.conc or concs
     n = 400 if a.quick else a.requests
     specs = [CONTROLLER, *policies.static_sweep(EngineConfig().max_running)]
     jobs = [(p, w, c, s, n, a.seed) for p in prof_list for w in mixes for c in concs for s in specs]
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=a.jobs) as ex:
-        results = list(ex.map(job, *zip(*jobs, strict=True), chunksize=2))
     got: dict[tuple, dict[str, dict]] = {}
-    for r in results:
-        got.setdefault((r["profile"], r["workload"], r["conc"]), {})[r["policy"]] = r
+    with ProcessPoolExecutor(max_workers=a.jobs) as ex:
+        for r in ex.map(job, *zip(*jobs, strict=True), chunksize=2):
+            got.setdefault((r["profile"], r["workload"], r["conc"]), {})[r["policy"]] = r
+        if a.slo_objective:  # the tight pair is the cell's stock run's: these follow
+            more = [(*cell, slo_spec(slo), n, a.seed) for cell, runs in got.items()
+                    for slo in (PAPER_SLO, tight_slo(runs["v0"]))]
+            jobs += more
+            for r in ex.map(job, *zip(*more, strict=True), chunksize=2):
+                got[(r["profile"], r["workload"], r["conc"])][r["policy"]] = r
     cmd = "python tools/sim_knobs.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Made by `{cmd.strip()}` ({n:,} requests per run, seed {a.seed}; {len(jobs)} runs in "
           f"{time.perf_counter() - t0:.0f} s). Engine: sglang's rules, N = 1,024 slots, B = 8,192 tokens, the GPU's "
@@ -142,7 +168,44 @@ def main(argv: list[str] | None = None) -> int:
         print()
     print(f"Lowest default / best static: output tok/s {worst['tok']:.1%}, goodput at the paper's targets "
           f"{worst['paper']:.1%}, at the tight pair {worst['tight']:.1%} (cells where the best static got some).")
+    if a.slo_objective:
+        print()
+        slo_table(got, prof_list, mixes, concs)
     return 0
+
+
+def slo_table(got: dict[tuple, dict[str, dict]], prof_list, mixes, concs, bar: float = 0.98) -> None:
+    """The default with each pair as its latency targets, against the best static setting by goodput at that pair
+    (and the default without targets), per cell and pair; then how many cells reach ``bar`` of the best."""
+    print("With the targets set (`default:ttft=X,tpot=Y`: the default's measured search maximizes goodput under the "
+          "pair):\n")
+    below: list[str] = []
+    ratios: list[float] = []
+    for p in prof_list:
+        print(f"*{p}*\n")
+        print("| workload | c | pair | best static (goodput, attained) | default, no targets (goodput, / best) "
+              "| default, targets set (goodput, attained) | / best |")
+        print("|---|---|---|---|---|---|---|")
+        for w in mixes:
+            for c in concs:
+                row = cell_row(got[(p, w, c)])
+                for name in ("paper", "tight"):
+                    x = row[name]
+                    g, att = x["best_good"]
+                    tg, tatt = x["targeted"]
+                    pair = "paper" if name == "paper" else f"tight ({x['slo'][0]:.2f} s, {x['slo'][1] * 1e3:.0f} ms)"
+                    print(f"| {w} | {c} | {pair} | {_short(x['best'])} ({g:,.0f}, {att:.0%}) "
+                          f"| {x['ctl'][0]:,.0f}, {_ratio(x['ctl'][0], g)} | {tg:,.0f}, {tatt:.0%} "
+                          f"| {_ratio(tg, g)} |")
+                    if g > 0:
+                        ratios.append(tg / g)
+                        if tg < bar * g:
+                            below.append(f"{p.split('/')[-1]} {w} c={c} {name} {tg / g:.1%}")
+        print()
+    if ratios:
+        print(f"Default with targets / best static goodput: {len(ratios) - len(below)} of {len(ratios)} cell-pairs "
+              f"(where the best static got some) at ≥ {bar:.0%}; lowest {min(ratios):.1%}, median "
+              f"{float(np.median(ratios)):.1%}." + (f" Below: {'; '.join(below)}." if below else ""))
 
 
 if __name__ == "__main__":

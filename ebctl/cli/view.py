@@ -316,13 +316,38 @@ def gain_text(st: dict[str, Any]) -> str:
     tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
     inc = tu.get("incumbent", "?")
     at = "stock" if inc == "stock" else "mb" if inc == "mb" else f"EB θ {num(tu.get('theta_incumbent'))}"
-    gain = (f" · {at}: {_pct(g.get('vs_stock'))} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
-            if inc != "stock" else " · at stock (nothing measured faster)")
+    what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
+    gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
+            if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
     share = g.get("explore_share")
     cost = f"{share:.1%}" if isinstance(share, int | float) and math.isfinite(share) else "—"
     n = tu.get("trials")
     trials = f" · {n} trial{'' if n == 1 else 's'}" if isinstance(n, int) else ""  # before the gain: 80 columns
     return out + trials + gain + f" · exploring cost {cost} of {age(g.get('elapsed_s'))}"
+
+
+def _targets(st: dict[str, Any]) -> str:
+    """The latency targets of an engine's status ("" when none is set)."""
+    slo = st.get("slo") if isinstance(st.get("slo"), dict) else {}
+    parts = []
+    for key, name, scale, unit in (("ttft_s", "TTFT", 1.0, "s"), ("tpot_s", "TPOT", 1e3, "ms")):
+        v = slo.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            parts.append(f"{name} ≤ {v * scale:g} {unit}")
+    return ", ".join(parts)
+
+
+def slo_text(st: dict[str, Any]) -> str:
+    """The latency targets and, over the last minute, the share of the output tokens within all of them and within
+    each, and goodput (what the measured search maximizes with them), in one line."""
+    slo = st["slo"]
+
+    def share(key: str) -> str:
+        x = slo.get(key)
+        return f"{x:.0%}" if isinstance(x, int | float) and math.isfinite(x) else "—"
+
+    return (f"{_targets(st)}: {share('attainment')} met (TTFT {share('ttft_attainment')}, TPOT "
+            f"{share('tpot_attainment')}) · goodput {num(slo.get('goodput_tok_s'))} tok/s")
 
 
 def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
@@ -352,6 +377,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
              ("window", num(st.get("n_window", st.get("window")))),
              ("KV res.", "—" if not isinstance(kv, int | float) else f"{kv:.1%}")]
     helps = [_line(("  helps ", "cyan"), gain_text(st))] if isinstance(st.get("gain"), dict) else []
+    if _targets(st):
+        helps.append(_line(("  slo   ", "cyan"), slo_text(st)))
     rows: list[Any] = [head, *helps, _grid(cells),
                        _line(("  costs ", "cyan"), _costs_text(st)),
                        _line(("  fits  ", "cyan"), _fits_text(st.get("cost_fits")))]

@@ -86,6 +86,14 @@ class DaemonCollector(Collector):
         gain_g = gauge("gain_vs_stock", "measured θ: what the incumbent buys against stock (ratio − 1), by the "
                        "tuner's trials, with its 95% interval", "which")
         explore_g = gauge("exploration_cost_share", "measured θ: share of the time given up to trying arms")
+        slo_t = gauge("slo_target_seconds", "the operator's latency targets (controller.slo_ttft_s, slo_tpot_s; "
+                      "0: not set)", "target")
+        slo_a = gauge("slo_attainment", "share of the judged requests' output tokens within every set target "
+                      "(all), or within one (ttft, tpot), over the last minute (NaN without targets)", "which")
+        goodput_g = gauge("goodput_tokens_per_second", "output tokens/s of the requests within every set target, "
+                          "over the last minute")
+        arm_att = gauge("tuner_arm_attainment", "measured θ with targets: each arm's attainment in its last "
+                        "measured window", "arm")
         for eid, eng in engines:
             ctl = eng.controller
             pol, st = ctl.policy, ctl.status()
@@ -127,11 +135,19 @@ class DaemonCollector(Collector):
                     arm_mode.add_metric([eid, k], 1.0 if k == kind else 0.0)
                 for outcome in ("won", "lost", "aborted"):
                     trials.add_metric([eid, outcome], tu[outcome])
+                for arm, share in ((tu.get("slo") or {}).get("arms") or {}).items():
+                    arm_att.add_metric([eid, arm], share)
+            slo = st["slo"]
+            slo_t.add_metric([eid, "ttft"], slo["ttft_s"])
+            slo_t.add_metric([eid, "tpot"], slo["tpot_s"])
+            for which, key in (("all", "attainment"), ("ttft", "ttft_attainment"), ("tpot", "tpot_attainment")):
+                slo_a.add_metric([eid, which], slo[key])
+            goodput_g.add_metric([eid], slo["goodput_tok_s"])
             probes.add_metric([eid], st["probes"]["count"])
             probe_s.add_metric([eid], st["probes"]["seconds"])
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
                     updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s, tok_g, gain_g,
-                    explore_g)
+                    explore_g, slo_t, slo_a, goodput_g, arm_att)
         c = self._counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])

@@ -10,10 +10,12 @@
   default inf: a pure threshold policy);
 * ``eb-auto``: EB(k̂*, N̂*), a ``Controller`` (mode eb) run in-process on the engine's own reports;
 * ``eb+``: the same controller with the EB+ mode rule (Eq. 8) on top.
-  Both take ``method=paper|cfr|exact-fluid|measured``, ``delta=``, ``defer=``, ``window=``, ``every=`` and
-  ``theta=`` (θ pinned: the controller's N̂*, KV reserve and clock at that θ);
+  Both take ``method=paper|cfr|exact-fluid|measured``, ``delta=``, ``defer=``, ``window=``, ``every=``,
+  ``theta=`` (θ pinned: the controller's N̂*, KV reserve and clock at that θ) and ``ttft=``/``tpot=`` (latency
+  targets in seconds, ``controller.slo_ttft_s``/``slo_tpot_s``);
 * ``default``: the controller exactly as a default install configures it (``ControllerParams()``, no profile:
-  the default costs until its online fits pass; the engine's limit and KV capacity from its reports);
+  the default costs until its online fits pass; the engine's limit and KV capacity from its reports); options
+  ``ttft=``/``tpot=``: the same with those latency targets set (``default:ttft=10,tpot=0.1``);
 * ``sglang:min-free-slots=K`` / ``sglang:pd-interval=N`` (option ``min-bs=M``): stock sglang launched with
   its own static knob ``--min-free-slots-delay K`` / ``--prefill-decode-interval N``
   (``--prefill-decode-interval-min-bs M``), no ebctl (:mod:`ebctl.sim.rules_sglang` models both); the
@@ -51,7 +53,8 @@ KNOWN = ("v0, mb, eb:k=K, eb:theta=X, eb-auto, eb+, default, sglang:min-free-slo
 KNOBS = {"min-free-slots": "min_free_slots_delay", "pd-interval": "prefill_decode_interval",
          "min-bs": "prefill_decode_interval_min_bs"}
 FIXED_OPTIONS = {"k", "theta", "n", "kv", "defer"}
-AUTO_OPTIONS = {"method", "delta", "defer", "window", "every", "theta"}
+AUTO_OPTIONS = {"method", "delta", "defer", "window", "every", "theta", "ttft", "tpot"}
+SLO_OPTIONS = {"ttft": "slo_ttft_s", "tpot": "slo_tpot_s"}  # policy option → ControllerParams field
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,11 @@ def _num(opts: dict[str, str], key: str, spec: str, default: float, lo: float, h
     return v
 
 
+def _targets(opts: dict[str, str], spec: str) -> dict[str, float]:
+    """The latency targets among a controller policy's options, as ``ControllerParams`` fields."""
+    return {name: _num(opts, key, spec, 0.0, 0.0, 86_400.0) for key, name in SLO_OPTIONS.items() if key in opts}
+
+
 def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | None = None,
          engine_id: str = "sim") -> PolicySource:
     """Parse a policy name (module docstring) into a source for an engine of ``max_running`` slots."""
@@ -186,8 +194,9 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
                 raise ValueError(f"policy {spec!r}: {key}={o[key]!r} is not a whole number")
             engine[KNOBS[key]] = int(v)
         return Stock(name=spec, engine=engine)
-    if head == "default" and not rest:
-        return Auto(spec, Controller(ControllerParams(), engine_id=engine_id))
+    if head == "default":
+        return Auto(spec, Controller(ControllerParams(**_targets(_options(rest, set(SLO_OPTIONS), spec), spec)),
+                                     engine_id=engine_id))
     if head in ("eb-auto", "eb+"):
         o = _options(rest, AUTO_OPTIONS, spec)
         method = o.get("method", "paper")
@@ -201,7 +210,7 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
             delta=_num(o, "delta", spec, defaults.delta, -1.0, 1.0),
             max_defer_s=_num(o, "defer", spec, defaults.max_defer_s, 0.0),
             window=int(_num(o, "window", spec, defaults.window, 1)),
-            update_every=int(_num(o, "every", spec, defaults.update_every, 1)),
+            update_every=int(_num(o, "every", spec, defaults.update_every, 1)), **_targets(o, spec),
             **({"theta_min": pin, "theta_max": pin} if math.isfinite(pin) else {}))
         return Auto(spec, Controller(params, costs, engine_id=engine_id, cost_source="profile" if costs else ""))
     raise ValueError(f"unknown policy {spec!r}: {KNOWN}")

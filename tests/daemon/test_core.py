@@ -9,12 +9,12 @@ import time
 import msgspec
 import numpy as np
 import pytest
-from ebd_helpers import finished, report, wait_for
+from ebd_helpers import finished, report, wait_for, write_config
 
 from ebctl import config, profiles
 from ebctl.daemon import Daemon
 from ebctl.link import EngineLink
-from ebctl.protocol import CONTROL_OPS, BatchKind, ControlReply, ControlRequest, Mode, encode
+from ebctl.protocol import CONTROL_OPS, BatchKind, ControlReply, ControlRequest, FinishedRequest, Mode, encode
 
 TRUE = {"alpha_p": 2e-3, "beta_p": 3e-5, "alpha_d": 9e-3, "beta_d": 5e-5}
 
@@ -160,3 +160,24 @@ def test_metrics_registry_reads_the_controllers(inproc_daemon):
     assert reg.get_sample_value("ebctl_cost", {**lab, "coef": "alpha_d"}) > 0
     assert reg.get_sample_value("ebctl_rejected_total", {"socket": "telemetry", "reason": "version"}) == 0
     assert reg.get_sample_value("ebctl_engines") == 1
+
+
+def test_the_exporter_shows_the_latency_targets_and_their_attainment(tmp):
+    """Targets TTFT ≤ 1 s and TPOT ≤ 50 ms. Over the reports after the horizon's first (t = 100 s), by hand:
+    A (100 tokens, 0.5 s, 40 ms) meets both; B (50, 2.0 s, 10 ms) misses TTFT; C (30, 0.2 s, 90 ms) misses TPOT;
+    D (20, 0.9 s, 50 ms) meets both, at the bounds' side. Judged 200 tokens: all 120 (0.60), TTFT 150 (0.75),
+    TPOT 170 (0.85); goodput 120 tokens over the 2 s from the first report to the last: 60 tok/s."""
+    cfg = config.load(str(write_config(tmp / "ebctl.toml", tmp / "rt",
+                                       controller={"slo_ttft_s": 1.0, "slo_tpot_s": 0.05})))
+    d = Daemon(cfg)
+    reqs = {"A": FinishedRequest(100, 100, "stop", 0.5, 0.04), "B": FinishedRequest(100, 50, "stop", 2.0, 0.01),
+            "C": FinishedRequest(100, 30, "stop", 0.2, 0.09), "D": FinishedRequest(100, 20, "length", 0.9, 0.05)}
+    for seq, (wall, names) in enumerate(((100.0, ""), (101.0, "ABC"), (102.0, "D"))):
+        r = msgspec.structs.replace(report("dp0", seq, tuple(reqs[n] for n in names)), wall_time=wall)
+        d.ingest(encode(r), wall, wall)
+    reg, lab = d.registry, {"engine": "dp0"}
+    assert reg.get_sample_value("ebctl_slo_target_seconds", {**lab, "target": "ttft"}) == 1.0
+    assert reg.get_sample_value("ebctl_slo_target_seconds", {**lab, "target": "tpot"}) == 0.05
+    for which, share in (("all", 0.60), ("ttft", 0.75), ("tpot", 0.85)):
+        assert reg.get_sample_value("ebctl_slo_attainment", {**lab, "which": which}) == pytest.approx(share), which
+    assert reg.get_sample_value("ebctl_goodput_tokens_per_second", lab) == pytest.approx(60.0)

@@ -43,11 +43,30 @@ def test_the_best_static_setting_of_a_cell(knobs):
     # at the paper's 10 s the knob's requests both miss TTFT, stock's first meets: best static v0, 1 tok/s
     assert row["paper"]["best"] == "v0" and row["paper"]["best_good"] == pytest.approx((1.0, 0.5))
     assert row["paper"]["ctl"] == pytest.approx((2.0, 1.0))
+    assert "targeted" not in row["paper"]
 
 
-def test_quick_run_prints_the_table():
-    p = subprocess.run([sys.executable, str(TOOL), "--quick", "--jobs", "1"], capture_output=True, text=True,
-                       timeout=600)
+def test_the_default_with_the_targets_set_is_its_own_column(knobs):
+    """``--slo-objective``: the default run with a pair as its targets is looked up by its spec (exact floats), never
+    counted as a static setting, and set beside the best static one at that pair."""
+    assert knobs.slo_spec((10.0, 0.1)) == "default:ttft=10.0,tpot=0.1"
+    tight = (1.2345678901234567, 0.0123456789)
+    assert knobs.slo_spec(tight) == "default:ttft=1.2345678901234567,tpot=0.0123456789"
+    runs = {"default": run("default", 95.0, [1, 20], [0.05, 0.05], [10, 10]),
+            "v0": run("v0", 90.0, [1, 20], [0.05, 0.05], [10, 10]),
+            knobs.slo_spec(knobs.PAPER_SLO): run("default:...", 80.0, [1, 1], [0.05, 0.05], [10, 10])}
+    row = knobs.cell_row(runs)
+    assert row["tok"] == (95.0, "v0", 90.0)  # the targeted run is not a static setting
+    assert row["paper"]["best_good"] == pytest.approx((1.0, 0.5))
+    assert row["paper"]["targeted"] == pytest.approx((2.0, 1.0))
+    assert "targeted" not in row["tight"]
+
+
+def test_quick_run_prints_the_tables():
+    p = subprocess.run([sys.executable, str(TOOL), "--quick", "--jobs", "1", "--slo-objective"], capture_output=True,
+                       text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "| balanced | 512 |" in p.stdout and "| decode-heavy | 512 |" in p.stdout
     assert "Lowest default / best static" in p.stdout
+    assert "| balanced | 512 | paper |" in p.stdout and "| decode-heavy | 512 | tight (" in p.stdout
+    assert "Default with targets / best static goodput: " in p.stdout

@@ -1,0 +1,298 @@
+"""Latency targets as the measured search's objective (ebctl/slo.py, the tuner's goodput): which requests meet the
+targets, a window's value on hand-worked numbers, the keys' validation, a tuner that prefers the arm with the higher
+goodput where its rate is lower, and that without targets nothing changes."""
+
+import dataclasses
+import math
+
+import pytest
+
+from ebctl import config, slo
+from ebctl.config import ConfigError
+from ebctl.controller import Controller, ControllerParams
+from ebctl.observed import Observed
+from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
+from ebctl.trial import Applied, Trial, Window
+from ebctl.tuner import STOCK, Tuner, TunerParams
+
+NAN = math.nan
+PAIR = slo.Targets(2.0, 0.1)  # TTFT ≤ 2 s, TPOT ≤ 100 ms
+
+# (input, output, finish reason, TTFT s, TPOT s) finishing together; against PAIR:
+REQUESTS = (
+    FinishedRequest(100, 10, "stop", 1.0, 0.05),  # a: within both, 10 tokens
+    FinishedRequest(100, 20, "stop", 3.0, 0.05),  # b: TTFT late
+    FinishedRequest(100, 30, "stop", 1.0, 0.2),  # c: TPOT slow
+    FinishedRequest(100, 1, "stop", 1.0, NAN),  # d: one token, no TPOT: its TTFT alone, within
+    FinishedRequest(100, 5, "abort", NAN, NAN),  # e: aborted: judged, missed
+    FinishedRequest(100, 8, "stop", NAN, 0.05),  # f: TTFT not measured: not judged where a TTFT target is set
+)
+
+
+def rep(kind, wall, *, prefill=0, decode=0, finished=(), running=100, waiting=50, version=1):
+    return IterationReport(engine_id="e", seq=0, wall_time=wall, forward_s=0.0, kind=kind, prefill_tokens=prefill,
+                           prefill_reqs=1 if prefill else 0, decode_reqs=decode, running=running, waiting=waiting,
+                           policy_version=version, finished=tuple(finished))
+
+
+def test_which_requests_meet_the_targets():
+    assert [slo.judge(f, PAIR) for f in REQUESTS] == [(True, True), (False, True), (True, False), (True, True),
+                                                      (False, False), None]
+    # TPOT only: f is judged (its TTFT is not asked for), and within
+    assert slo.judge(REQUESTS[5], slo.Targets(0.0, 0.1)) == (True, True)
+    # TTFT only: c's slow TPOT does not count
+    assert slo.judge(REQUESTS[2], slo.Targets(2.0, 0.0)) == (True, True)
+    # a TPOT target on a multi-token request whose TPOT was not measured: not judged
+    assert slo.judge(FinishedRequest(100, 9, "stop", 1.0, NAN), PAIR) is None
+    assert not slo.Targets().set and slo.Targets(0.0, 0.1).set and PAIR.describe() == "TTFT ≤ 2 s and TPOT ≤ 100 ms"
+
+
+def test_tally_counts_output_tokens_and_places_first_tokens():
+    # judged: a 10 + b 20 + c 30 + d 1 + e 5 = 66 tokens; within both: a + d = 11; within TTFT: a, c, d = 41;
+    # within TPOT: a, b, d = 31
+    assert slo.tally(REQUESTS, PAIR) == slo.Tally(judged=66, good=11, ttft_ok=41, tpot_ok=31)
+    # TPOT alone: f joins (8 tokens, within); good = a 10 + b 20 + d 1 + f 8 = 39 of 74
+    assert slo.tally(REQUESTS, slo.Targets(0.0, 0.1)).judged == 74
+    assert slo.tally(REQUESTS, slo.Targets(0.0, 0.1)).good == 39
+    # finished at 3.0 s, only those whose first token came at or after 2.5 s: a's came at 3 − 0.05·9 = 2.55, b's at
+    # 3 − 0.05·19 = 2.05 (out), c's at 3 − 0.2·29 < 0 (out); d (one token) and e (no TPOT) are placed at their
+    # finish; f at 2.65 but not judged. Judged a 10 + d 1 + e 5 = 16, good 11.
+    assert slo.first_token_at(REQUESTS[0], 3.0) == pytest.approx(2.55)
+    got = slo.tally(REQUESTS, PAIR, finish=3.0, since=2.5)
+    assert (got.judged, got.good) == (16, 11)
+
+
+def test_a_windows_value_is_its_rate_times_its_attainment():
+    """The window of test_tuner's hand-worked rate: τ_p = 1 s / 1000 tokens, τ_d = 2 s / 500 rows; a request of
+    100 + 51 tokens costs 100 τ_p + 50 τ_d = 0.3 s: rate 151 / 0.3 = 503.3 tokens/s. Its finished requests (REQUESTS)
+    met both targets with 11 of 66 judged output tokens: value 503.3 × 11/66 = 83.9."""
+    w = Window("stock", start=0.0)
+    w.add(rep(BatchKind.PREFILL, 1.0, prefill=1000), 1.0, PAIR)
+    w.add(rep(BatchKind.DECODE, 3.0, decode=500, finished=REQUESTS), 2.0, PAIR)
+    w.end = 3.0
+    assert (w.judged_tokens, w.good_tokens) == (66, 11) and w.attainment() == pytest.approx(1 / 6)
+    assert w.rate(100, 51) == pytest.approx(151 / 0.3)
+    t = Tuner(TunerParams(slo_ttft_s=2.0, slo_tpot_s=0.1))
+    t.mu_l, t.mu_o = 100, 51
+    assert t._value(w) == pytest.approx(151 / 0.3 / 6) == pytest.approx(83.89, abs=0.01)
+    # two windows at the same mix: the ratio of values is the ratio of goodputs (output part: rate × 51/151)
+    assert slo.value(503.3, 0.5) / slo.value(450.0, 0.8) == pytest.approx((503.3 * 0.5) / (450.0 * 0.8))
+    # nothing within the targets: the floor keeps the log finite (1% of the rate); nothing judged: the rate
+    assert slo.value(500.0, 0.0) == pytest.approx(5.0) and slo.value(500.0, NAN) == 500.0
+    # without targets the window judges nothing and the tuner's value is the rate
+    bare = Window("stock", start=0.0)
+    bare.add(rep(BatchKind.DECODE, 1.0, decode=500, finished=REQUESTS), 1.0)
+    assert bare.judged_tokens == 0 and math.isnan(bare.attainment())
+    t0 = Tuner(TunerParams())
+    t0.mu_l, t0.mu_o = 100, 51
+    assert t0._value(w) == w.rate(100, 51)
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("controller.slo_ttft_s", "-1", "out of range"),
+    ("controller.slo_ttft_s", "1e9", "<= 86400"),
+    ("controller.slo_tpot_s", "nan", "not finite"),
+    ("controller.slo_tpot_s", "fast", "allowed: float >= 0.0"),
+    ("controller.slo_tpot_s", "inf", "not finite"),
+])
+def test_bad_targets_are_refused_naming_the_key(key, value, needle):
+    with pytest.raises(ConfigError) as e:
+        config.load(None, {key: value})
+    assert key in str(e.value) and needle in str(e.value) and repr(value) in str(e.value)
+
+
+def test_targets_reach_the_tuner_and_change_live():
+    cfg = config.load(None, {"controller.slo_ttft_s": "10", "controller.slo_tpot_s": "0.1"})
+    assert (cfg.controller.slo_ttft_s, cfg.controller.slo_tpot_s) == (10.0, 0.1)
+    tp = cfg.controller.tuner()
+    assert (tp.slo_ttft_s, tp.slo_tpot_s) == (10.0, 0.1)
+    assert (ControllerParams().slo_ttft_s, ControllerParams().slo_tpot_s) == (0.0, 0.0)  # default: none
+    # `tune set` reaches a running controller through set_params: the tuner takes the new targets at its next
+    # report (restarting its search), the status at once
+    ctl = Controller(ControllerParams())
+    assert ctl.status()["slo"]["ttft_s"] == 0.0 and not ctl.tuner.targets.set
+    ctl.set_params(dataclasses.replace(ctl.params, slo_ttft_s=10.0))
+    ctl.observe(rep(BatchKind.DECODE, 1.0, decode=10))
+    assert ctl.tuner.targets == (10.0, 0.0) and ctl.status()["slo"]["ttft_s"] == 10.0
+    assert ctl.tuner.counts["resets"] == 1 and ctl.tuner.reset_reason == "latency targets: none → TTFT ≤ 10 s"
+
+
+def test_status_attainment_over_the_last_minute():
+    """Two reports 10 s apart; RecentRate counts the tokens after the first report: REQUESTS (66 judged, 11 within
+    both, 41 within TTFT, 31 within TPOT) finish in the second: 11/66, 41/66, 31/66, goodput 11 tokens / 10 s."""
+    o = Observed(ControllerParams(slo_ttft_s=2.0, slo_tpot_s=0.1))
+    o.add(rep(BatchKind.DECODE, 100.0, decode=10), 0)
+    o.add(rep(BatchKind.DECODE, 110.0, decode=10, finished=REQUESTS), 0)
+    st = o.slo_status()
+    assert st["attainment"] == pytest.approx(11 / 66) and st["ttft_attainment"] == pytest.approx(41 / 66)
+    assert st["tpot_attainment"] == pytest.approx(31 / 66) and st["goodput_tok_s"] == pytest.approx(1.1)
+    none = Observed(ControllerParams())
+    none.add(rep(BatchKind.DECODE, 110.0, decode=10, finished=REQUESTS), 0)
+    assert math.isnan(none.slo_status()["attainment"]) and none.slo_status()["ttft_s"] == 0.0
+
+
+# --- a synthetic engine: stock faster, EB's requests within the TPOT target ----------------------------------
+K, N = 10, 100
+
+
+class Engine:
+    """Runs what the tuner asks for in cycles of one prefill and K decode steps (one request finishing in each),
+    each step's time divided by the arm's speed; the i-th request's TPOT is ``tpot(arm, i)``, its TTFT ``ttft(arm)``
+    (1 s by default)."""
+
+    def __init__(self, tuner: Tuner, speed, tpot, *, ttft=lambda arm: 1.0, waiting=50):
+        self.t, self.speed, self.tpot, self.ttft, self.waiting = tuner, speed, tpot, ttft, waiting
+        self.now, self.version, self.arm, self.n = 0.0, 0, None, 0
+
+    def cycle(self):
+        if self.t.arm != self.arm:
+            self.version += 1
+            self.arm = self.t.arm
+            self.t.bind(self.version, Applied(self.arm, self.t.mode(self.arm), K if self.arm.startswith("eb@") else 1,
+                                              N))
+        s = self.speed(self.arm)
+        self.now += 0.5 / s
+        self.t.observe(rep(BatchKind.PREFILL, self.now, prefill=100 * K, waiting=self.waiting, version=self.version))
+        for i in range(K):
+            self.now += 0.1 / s
+            self.n += 1
+            done = FinishedRequest(100, 5, "stop", self.ttft(self.arm), self.tpot(self.arm, self.n))
+            self.t.observe(rep(BatchKind.DECODE, self.now, decode=N - i, finished=[done], running=N - 1,
+                               waiting=self.waiting, version=self.version))
+
+    def run(self, cycles):
+        for _ in range(cycles):
+            self.cycle()
+
+
+def _search(**targets) -> Tuner:
+    """Stock runs 10% faster than any EB arm; half of stock's requests take 200 ms per token, EB's all 50 ms."""
+    t = Tuner(TunerParams(window=50, **targets))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 0.9,
+                 lambda arm, i: 0.2 if arm == STOCK and i % 2 else 0.05)
+    eng.run(1500)
+    return t
+
+
+def test_the_tuner_prefers_the_higher_goodput_where_its_rate_is_lower():
+    """With TPOT ≤ 100 ms, stock's windows are worth 1.0 × ½ (half its tokens within), EB's 0.9 × 1: EB wins by
+    about +80% although it serves 10% fewer tokens per second, and stays."""
+    t = _search(slo_tpot_s=0.1)
+    first = t.history[0]
+    assert first["incumbent"] == STOCK and first["challenger"].startswith("eb@") and first["decision"] == "win"
+    assert first["effect"] == pytest.approx(0.8, abs=0.05)
+    assert t.incumbent.startswith("eb@")
+    # status: the targets, each arm's attainment in its last measured window, each trial window's attainment
+    st = t.status()["slo"]
+    assert st["tpot_s"] == 0.1 and st["objective"] == "goodput"
+    assert st["arms"][STOCK] == pytest.approx(0.5, abs=0.05) and st["arms"][t.incumbent] == 1.0
+    assert first["attainment"][0][0] == STOCK and first["attainment"][0][1] == pytest.approx(0.5, abs=0.05)
+    assert first["attainment"][1] == [first["challenger"], 1.0]
+
+
+def test_without_targets_the_same_engine_keeps_stock():
+    """The same engine judged by throughput (no targets): EB is 10% slower, stock stays; nothing of the
+    objective shows in the status."""
+    t = _search()
+    assert t.incumbent == STOCK and t.counts["won"] == 0 and t.counts["lost"] >= 1
+    assert t.status()["slo"] is None and all(h["attainment"] == [] for h in t.history)
+    assert all(h["why"].startswith("clearly slower") for h in t.history if h["decision"] == "lose")
+
+
+def test_targets_replace_the_ttft_guard():
+    """EB 25% faster with TTFTs 15% longer than stock's: without targets the guard makes it lose (test_tuner's
+    case); with a TTFT target both meet, the guard is off, and it wins."""
+    def run(**targets) -> Tuner:
+        t = Tuner(TunerParams(window=50, **targets))
+        t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
+        eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.25, lambda arm, i: 0.05,
+                     ttft=lambda arm: 1.0 if arm == STOCK else 1.15)
+        while t.counts["won"] + t.counts["lost"] == 0:
+            eng.cycle()
+        return t
+
+    assert run().history[-1]["why"].startswith("TTFT p99 +15%")
+    assert run(slo_ttft_s=5.0).history[-1]["decision"] == "win"
+
+
+def test_new_targets_drop_the_trial_and_what_was_measured():
+    t = Tuner(TunerParams(window=50))
+    t.trial, t.ref_lns, t.stock_lns, t.incumbent = Trial(STOCK, "eb@4", 0.0), [8.0] * 3, [8.0] * 3, "eb@4"
+    t.p = dataclasses.replace(t.p, slo_tpot_s=0.1)
+    t.observe(rep(BatchKind.DECODE, 1.0, decode=10))
+    assert t.trial is None and t.ref_lns == [] and t.stock_lns == [] and t.history[-1]["decision"] == "aborted"
+    assert t.reset_reason == "latency targets: none → TPOT ≤ 100 ms" and math.isnan(t.gain()["vs_stock"])
+
+
+def test_with_targets_stock_climbs_an_octave_ladder_and_skips_eb_that_does_not_bind():
+    t = Tuner(TunerParams(window=50, slo_ttft_s=10.0))
+    t.set_context(entries=[0.05], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5, n=1024)
+    # the closed form's θ 0.05 (0.8·2^(−16/4): eb@16), then an octave up at a time to θ_max (eb@0)
+    assert t.neighbours() == ["eb@16", "eb@12", "eb@8", "eb@4", "eb@0"]
+    assert Tuner(TunerParams()).neighbours() == []  # without targets: the closed forms only (none given here)
+    # an EB window whose engine never held more than N − k requests: the gate never held anyone back
+    w = Window("eb@12", 0.0, room=90)
+    w.add(rep(BatchKind.DECODE, 1.0, decode=10, running=80, waiting=5), 1.0)
+    assert not w.binds and Window("stock", 0.0).binds
+    w.end, w.completions = 1.0, 50
+    t.trial, t.arm, t.settling = Trial(STOCK, "eb@12", 0.0), "eb@12", 1
+    t._closed(w)
+    h = t.history[-1]
+    assert h["decision"] == "lose" and h["why"].startswith("EB does not bind: at most 85 requests")
+    # smaller θ would not bind either: only the ladder above it is left
+    assert [a for a in t.neighbours() if a not in t.tried] == ["eb@8", "eb@4", "eb@0"]
+
+
+def test_with_targets_windows_count_below_saturation_once_they_judged_a_request():
+    unsaturated = Window("stock", 0.0)
+    unsaturated.add(rep(BatchKind.DECODE, 1.0, decode=10, waiting=0, finished=REQUESTS[:1]), 1.0, PAIR)
+    assert Tuner(TunerParams(slo_ttft_s=1.0))._counts(unsaturated)
+    assert not Tuner(TunerParams())._counts(unsaturated)
+    # a window that judged nothing (no request finished, or none whose first token it may count) does not count
+    assert not Tuner(TunerParams(slo_ttft_s=1.0))._counts(Window("stock", 0.0))
+
+
+def test_a_window_judges_requests_that_began_at_most_a_window_of_completions_before_it():
+    """Windows of 50 completions; windows closing on their time hold fewer. A run began at 10 s; windows opened at
+    (wall, completions of the run): (10, 0), (20, 30), (30, 60), (40, 90): one opening at 100 completions judges
+    from the latest start at least 50 completions back, 20 s (30 ≤ 100 − 50, 60 is not); one opening at 40 from
+    the run's start; the starts before the one chosen are dropped."""
+    t = Tuner(TunerParams(window=50, slo_ttft_s=1.0))
+    t._run_since, t._starts, t._run_done = 10.0, [(10.0, 0), (20.0, 30), (30.0, 60), (40.0, 90)], 100
+    assert t._judge_since() == 20.0 and t._starts == [(20.0, 30), (30.0, 60), (40.0, 90)]
+    t._run_since, t._starts, t._run_done = 10.0, [(10.0, 0), (20.0, 30)], 40
+    assert t._judge_since() == 10.0
+
+
+def test_the_eb_arm_mode_is_published_unchanged():
+    # the objective changes which arm runs, not what an arm is
+    assert Tuner(TunerParams(slo_ttft_s=1.0)).mode("eb@3") is Mode.EB
+
+
+def test_the_simulator_runs_the_default_with_targets():
+    from ebctl.sim import policies
+
+    p = policies.make("default:ttft=10,tpot=0.1", max_running=1024, kv_tokens=10**6).controller.params
+    assert (p.slo_ttft_s, p.slo_tpot_s) == (10.0, 0.1)
+    assert dataclasses.replace(p, slo_ttft_s=0.0, slo_tpot_s=0.0) == ControllerParams()  # otherwise the default
+    assert policies.make("eb+:method=measured,tpot=0.05", max_running=1024, kv_tokens=10**6).controller.params \
+        .slo_tpot_s == 0.05
+    with pytest.raises(ValueError, match=r"ttft=-1 must be in \[0, 86400\]"):
+        policies.make("default:ttft=-1", max_running=1024, kv_tokens=10**6)
+    with pytest.raises(ValueError, match=r"bad option 'theta=0\.3'"):
+        policies.make("default:theta=0.3", max_running=1024, kv_tokens=10**6)
+
+
+def test_status_shows_the_targets_and_the_attainment_in_one_line():
+    from ebctl.cli import view
+
+    st = {"slo": {"ttft_s": 10.0, "tpot_s": 0.1, "attainment": 0.623, "ttft_attainment": 0.7,
+                  "tpot_attainment": 0.88, "goodput_tok_s": 1234.5},
+          "tuner": {"incumbent": "eb@3", "theta_incumbent": 0.47, "trials": 4}, "output_tok_s": 2000.0,
+          "gain": {"vs_stock": 0.2, "low": 0.1, "high": 0.3, "explore_share": 0.01, "elapsed_s": 100.0}}
+    assert view.slo_text(st) == "TTFT ≤ 10 s, TPOT ≤ 100 ms: 62% met (TTFT 70%, TPOT 88%) · goodput 1,234 tok/s"
+    assert "EB θ 0.47: +20.0% goodput against stock" in view.gain_text(st)
+    none = {**st, "slo": {"ttft_s": 0.0, "tpot_s": 0.0, "attainment": NAN}}
+    assert view._targets(none) == "" and "+20.0% against stock" in view.gain_text(none)
+    assert view._targets({"slo": {"ttft_s": 0.0, "tpot_s": 0.05}}) == "TPOT ≤ 50 ms"
