@@ -65,16 +65,24 @@ def test_both_ranks_apply_one_policy_and_decide_alike(rig):
     assert {d["reason"] for d in decisions(r0)} >= {"threshold", "wait_k"}
 
 
+def queued_load(rig, *, num_prompts: int, seed: int, queued: int) -> tuple[threading.Thread, dict]:
+    """A load of 24 in flight on a thread (its result in the dict once joined), returned once ``queued`` reports
+    showed the batch at the cap of 8 with requests waiting behind it."""
+    mark = rig.tap.mark()
+    result: dict = {}
+    load = threading.Thread(target=lambda: result.update(rig.bench(num_prompts=num_prompts, input_len=32,
+                                                                   output_len=48, range_ratio=0.5, concurrency=24,
+                                                                   seed=seed)))
+    load.start()
+    wait_for(lambda: sum(r.running >= 8 and r.waiting > 0 for r in rig.tap.since(mark)) >= queued, 60,
+             "the load to fill the batch and queue behind it")
+    return load, result
+
+
 def test_kill9_of_the_daemon_takes_both_ranks_to_stock_together(rig):
     st = rig.set_eb()
     n_before = len(decisions(traces(rig)[0]))
-    mark = rig.tap.mark()
-    result: dict = {}
-    load = threading.Thread(target=lambda: result.update(rig.bench(num_prompts=120, input_len=32, output_len=48,
-                                                                   range_ratio=0.5, concurrency=24, seed=22)))
-    load.start()
-    wait_for(lambda: sum(r.running >= 8 and r.waiting > 0 for r in rig.tap.since(mark)) >= 20, 60,
-             "the load to fill the batch")
+    load, result = queued_load(rig, num_prompts=120, seed=22, queued=20)
     rig.daemon.kill9()
     load.join(300)
     try:
@@ -97,14 +105,8 @@ def test_a_follower_fault_takes_both_ranks_to_stock_at_one_generation(rig):
     ones are answered through ``send_abort_output`` on every rank) makes the follower's hook raise. Only the
     source's status reaches GET /server_info (a follower has no socket to the tokenizer), so each rank's trace
     shows where it went stock: its last line, the same iteration and generation on both."""
-    st = rig.set_eb()
-    mark = rig.tap.mark()
-    result: dict = {}
-    load = threading.Thread(target=lambda: result.update(rig.bench(num_prompts=96, input_len=32, output_len=48,
-                                                                   range_ratio=0.5, concurrency=24, seed=25)))
-    load.start()
-    wait_for(lambda: sum(r.running >= 8 and r.waiting > 0 for r in rig.tap.since(mark)) >= 10, 60,
-             "requests to queue behind the cap")
+    rig.set_eb()
+    load, _ = queued_load(rig, num_prompts=96, seed=25, queued=10)
     post_json(f"{rig.server.url}/abort_request", {"abort_all": True})
     load.join(300)
 
