@@ -72,6 +72,7 @@ class DaemonConfig:
     profile: str = ""  # cost profile name or file; "" → defaults, then the online fit
     node: str = ""  # node name prefixed to engine ids in status
     republish_s: float = 2.0  # re-send every policy at least this often (must stay below policy_ttl)
+    engine_gone_s: float = 10.0  # an engine silent this long is shown gone (idle servers report every 2 s)
     log_level: str = "info"
     # Bounds on what peers send (``ebctl.bounds``): a report beyond one is refused and counted by bound.
     max_engines: int = 256
@@ -98,6 +99,8 @@ _DAEMON_SPECS: dict[str, Spec] = {
     "profile": Spec(str, "cost profile preset name (e.g. qwen3-8b/h200) or file; seeds the online fit"),
     "node": Spec(str, "node name shown with each engine id"),
     "republish_s": Spec(float, "re-send each engine's policy at least this often (s)", 0.05, 3600),
+    "engine_gone_s": Spec(float, "an engine that has not reported for this long (s) is shown gone in status and "
+                               "metrics (an idle sglang server reports every 2 s)", 1, 86_400),
     "log_level": Spec(str, "daemon log level", choices=("debug", "info", "warning", "error")),
     "max_engines": Spec(int, "engine ids the daemon keeps state for; reports from further ids are refused",
                         1, 65536),

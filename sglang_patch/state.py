@@ -64,6 +64,9 @@ _MARK = "_ebctl_reported"  # set on a Req once its completion was reported: exac
 # (republish_s, ttl_s), so a new one, or an expiry, takes effect at most 20 ms late; on short iterations
 # (a few ms: CPU, small decode batches) this skips the check on most of them.
 POLICY_POLL_S = 0.02
+# An idle server reports this often (s), so that the daemon tells an idle engine from a dead one
+# (daemon.engine_gone_s); on sglang's idle loop (scheduler.py 2050-2053) this costs a clock read per pass.
+HEARTBEAT_S = 2.0
 
 
 class Planned:
@@ -107,6 +110,7 @@ class PluginState:
         self.seq = 0
         self.busy = False  # the last planned step ran a batch
         self.next_poll = 0.0  # monotonic time of the next policy poll
+        self.next_beat = 0.0  # monotonic time of the next idle report (HEARTBEAT_S)
         self.t_result = 0.0  # monotonic time the last result was ready (GPU timing)
         self._t_prev = 0.0  # ... and the one before
         # group: the source's generation of the policy it applied last (bumped on change), what it sent;
@@ -276,6 +280,10 @@ class PluginState:
             batch = plan.batch_to_run
             if batch is None:
                 if self.busy or self.pending:
+                    self._report_idle(sched, plan)
+                    self.next_beat = monotonic() + HEARTBEAT_S
+                elif (now := monotonic()) >= self.next_beat:  # idle: a beat says this server is alive
+                    self.next_beat = now + HEARTBEAT_S
                     self._report_idle(sched, plan)
                 self.busy = False
             else:

@@ -35,9 +35,22 @@ def status(
     engines: Annotated[list[str] | None, typer.Option(
         "--engine", "-e", show_default=False, help="only this engine id (repeatable; one the daemon does not "
         "know: exit 1, naming those it knows; with --watch it may come later)")] = None,
+    daemons: Annotated[list[str] | None, typer.Option(
+        "--daemon", "-d", show_default=False, help="a daemon of the fleet, [NAME=]ENDPOINT (repeatable; keys "
+        "from daemon.curve_client_key and daemon.curve_server_key): one view of them all")] = None,
+    fleet_file: Annotated[Path | None, typer.Option(
+        "--fleet", help="a TOML file listing the fleet's daemons ([[daemon]] control, name, server_key; "
+        "client_key): one view of them all")] = None,
+    per_node: Annotated[bool, typer.Option(
+        "--nodes", help="with --daemon/--fleet: a row per node (the view does so by itself above 40 engines)")
+    ] = False,
 ) -> None:
     """Per engine: mode, k, N, the policy's age, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, μ̂_L, μ̂_O, the costs and cost
-    fits in use, the gate's decisions and why; the daemon in two lines (every counter with --all)."""
+    fits in use, the gate's decisions and why; the daemon in two lines (every counter with --all). With
+    --daemon or --fleet: the fleet, a row per engine grouped by node and server (exit 1 if none answers)."""
+    if daemons or fleet_file is not None:
+        return _fleet_status(cfg, daemons or [], fleet_file, watch, interval, as_json, per_node or None,
+                             set(engines or ()))
     only = set(engines or ())
 
     def fetch(first: bool = False) -> dict[str, Any]:
@@ -72,6 +85,45 @@ def status(
             while True:
                 time.sleep(interval)
                 live.update(_watch_view(fetch(), show_all, out.size.height), refresh=True)
+
+
+def _fleet_status(cfg: Config, daemons: list[str], fleet_file: Path | None, watch: bool, interval: float,
+                  as_json: bool, per_node: bool | None, only: set[str]) -> None:
+    from ebctl.cli import fleet
+
+    try:
+        members = fleet.members(cfg, daemons, fleet_file)
+    except ConfigError as e:
+        fail(f"ebctl status: {e}", 2)
+
+    def fetch() -> list[tuple[fleet.Member, dict[str, Any] | str]]:
+        answers = fleet.ask_all(cfg, members, timeout_s=2.0)
+        if only:
+            for _, data in answers:
+                if isinstance(data, dict) and isinstance(data.get("engines"), dict):
+                    data["engines"] = {k: v for k, v in data["engines"].items() if k in only}
+        return answers
+
+    answers = fetch()
+    if not watch and not any(isinstance(data, dict) for _, data in answers):
+        if as_json:
+            print_json(fleet.fleet_json(answers))
+        else:
+            view._out.print(fleet.fleet_view(answers, per_node=per_node))
+        fail("ebctl status: no daemon of the fleet answered", 1)
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            if as_json:
+                print_json(fleet.fleet_json(answers), indent=None if watch else 1)
+            else:
+                if watch:
+                    view._out.rule(time.strftime("%Y-%m-%d %H:%M:%S"), align="left", style="dim")
+                view._out.print(fleet.fleet_view(answers, per_node=per_node))
+                view._out.file.flush()
+            if not watch:
+                return
+            time.sleep(interval)
+            answers = fetch()
 
 
 def _watch_view(data: dict[str, Any], show_all: bool, height: int | None) -> Any:

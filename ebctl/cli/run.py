@@ -4,6 +4,7 @@ supervised daemon + engine pair, ``supervisor.py``)."""
 import enum
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,10 +94,20 @@ def start(
         metavar="ENGINE_ARGS", show_default=False, help="passed to the engine, after --: -- --model-path M")] = None,
     ready_timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon to answer", min=0.1)] = 20.0,
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL when stopping", min=0.0)] = 10.0,
+    join: Annotated[bool, typer.Option(
+        "--join", help="start only the engine, under the daemon that already answers at the control endpoint (a "
+        "node daemon: systemd's ebctl.service or `ebctl daemon`), its engine ids named by --server")] = False,
+    server: Annotated[str, typer.Option(
+        help="with --join: this server's name in its engine ids, <daemon.node>/<server>/dp<N> (letters, digits, "
+        "'.', '_', '-'); default: port<P>, P the engine's --port (sglang's default 30000)")] = "",
 ) -> None:
     """Start the daemon and an engine wired to it. A daemon that dies is restarted and the engine keeps
     serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both.
-    One per runtime directory (another holding it: exit 2)."""
+    One per runtime directory (another holding it: exit 2). With --join, several servers share one daemon."""
+    if server and not join:
+        fail("ebctl start: --server names a server that joins a running daemon: add --join", 2)
+    if join:
+        raise typer.Exit(_join(cfg, engine, engine_args or [], server, grace))
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, engine_args or []))
     from ebctl import security
@@ -127,3 +138,63 @@ def start(
     finally:
         lock.release()  # after start.toml is gone: the next start's file is its own
     raise typer.Exit(code)
+
+
+_SERVER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+SGLANG_DEFAULT_PORT = 30000  # sglang 0.5.23 server_args.py: ServerArgs.port
+
+
+def server_name(engine: Engine, args: Sequence[str], given: str) -> str:
+    """The server's name in its engine ids: ``given``, else ``port<P>`` from the engine's ``--port`` (sglang),
+    else ``sim<pid>`` (the simulated engine has no port)."""
+    if given:
+        return given
+    if engine is Engine.SIM:
+        return f"sim{os.getpid()}"
+    port = str(SGLANG_DEFAULT_PORT)
+    for i, a in enumerate(args):
+        if a == "--port" and i + 1 < len(args):
+            port = args[i + 1]
+        elif a.startswith("--port="):
+            port = a.partition("=")[2]
+    return f"port{port}"
+
+
+def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float) -> int:
+    """``start --join``: the engine alone, wired to the running daemon, with ids of its own
+    (``fleet.server_prefix``); refused (exit 1) without a daemon, or when a live server has that name."""
+    from ebctl import fleet
+    from ebctl.cli import supervisor
+    from ebctl.cli.common import request
+
+    name = server_name(engine, args, given)
+    if not _SERVER_NAME.fullmatch(name):
+        fail(f"ebctl start: --server {name!r}: use 1-64 letters, digits, '.', '_' or '-'", 2)
+    try:
+        reply = request(cfg, "status", timeout_s=2.0)
+    except ConnectionError:
+        fail(f"ebctl start --join: no daemon answers at {cfg.endpoint('control')}: start the node's daemon "
+             "first (systemctl start ebctl, or ebctl daemon), or start without --join", 1)
+    if not reply.ok:
+        fail(f"ebctl start --join: the daemon refused status: {reply.error}", 1)
+    node = str((reply.data.get("daemon") or {}).get("node") or "")
+    prefix = fleet.server_prefix(node, name)
+    live = sorted(eid for eid, st in (reply.data.get("engines") or {}).items()
+                  if eid.startswith(prefix + "/") and not st.get("gone"))
+    if live:
+        fail(f"ebctl start --join: a server named {name!r} already reports to this daemon ({', '.join(live)}); "
+             "name this one with --server NAME", 1)
+    joined = cfg.with_updates({"engine.id_prefix": prefix})
+    cfg_file = Path(cfg.daemon.runtime_dir) / f"join-{name}-{os.getpid()}.toml"
+    engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, args))
+    try:
+        fd = os.open(cfg_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(config.to_toml(joined))
+        return supervisor.Supervisor(cfg, grace).run_engine(
+            engine_cmd, {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}, f"{engine} engine {prefix}",
+            engine_stops_group=engine is Engine.SGLANG)
+    except OSError as e:
+        fail(f"ebctl start --join: runtime_dir {cfg.daemon.runtime_dir}: {e}", 1)
+    finally:
+        cfg_file.unlink(missing_ok=True)

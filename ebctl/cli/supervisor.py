@@ -306,6 +306,30 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def run_engine(self, engine_cmd: list[str], env: dict[str, str], engine_name: str,
+                   engine_stops_group: bool = False) -> int:
+        """``start --join``: the engine alone, under a daemon this process neither started nor restarts (the
+        node's service manager does; without it the engine runs stock). Ctrl-C (or SIGTERM/SIGHUP) stops the
+        engine; returns 0 when the engine exited 0 or was stopped, else 1."""
+        old = {s: signal.signal(s, lambda *_: self.stop.set())
+               for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            engine = self.spawn(engine_name, engine_cmd, env, leader_stops_group=engine_stops_group)
+            say(f"ebctl: {engine_name} (pid {engine.proc.pid}) running under the daemon at "
+                f"{self.cfg.endpoint('control')}; Ctrl-C stops it")
+            while not self.stop.wait(0.2):
+                rc = engine.exit_code()
+                if rc is not None:
+                    say(f"ebctl: the {engine_name} {describe_exit(rc)}")
+                    return 0 if rc == 0 else 1
+            say(f"ebctl: stopping the {engine_name}")
+            return 0
+        finally:
+            for c in reversed(list(self.children)):
+                self.terminate(c)
+            for s, h in old.items():
+                signal.signal(s, h)
+
     def _watch(self, daemon: Child, engine: Child, daemon_cmd: Callable[[int], list[str]], env: dict[str, str],
                engine_name: str) -> int:
         backoff, started = RESTART_BACKOFF_S[0], time.monotonic()

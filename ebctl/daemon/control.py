@@ -19,6 +19,7 @@ import datetime
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from ebctl import config, profiles, security
+from ebctl import config, fleet, profiles, security
 from ebctl.config import Config, ConfigError
 from ebctl.controller import DEFAULT_COSTS
 from ebctl.daemon.dispatch import DispatchSide
@@ -82,8 +83,9 @@ def _simulator_costs(eng: Engine) -> dict[str, Any]:
             "from": f"periods of the last {len(eng.recent)} reports"}
 
 
-def _engine_status(eng: Engine, mono: float) -> dict[str, Any]:
-    """One engine as ``status`` shows it: its policy, estimates, costs and bookkeeping."""
+def _engine_status(eng: Engine, mono: float, gone_s: float) -> dict[str, Any]:
+    """One engine as ``status`` shows it: its policy, estimates, costs and bookkeeping; ``gone`` once it has
+    been silent for ``gone_s`` (``fleet.gone``)."""
     ctl = eng.controller
     pol = msgspec.to_builtins(ctl.policy)
     est = pol.pop("estimates", None) or msgspec.to_builtins(Estimates())
@@ -94,7 +96,8 @@ def _engine_status(eng: Engine, mono: float) -> dict[str, Any]:
             "costs": {**dataclasses.asdict(costs), "source": source}, "seq_gaps": eng.seq_gaps,
             "seq_jumps": eng.seq_jumps, "replayed_reports": eng.replayed,
             "duplicate_reports": eng.duplicates, "last_report_age_s": mono - eng.last_report,
-            "last_update_age_s": mono - eng.last_update, "published_version": eng.published}
+            "last_update_age_s": mono - eng.last_update, "published_version": eng.published,
+            "gone": fleet.gone(mono - eng.last_report, gone_s)}
 
 
 class Settings:
@@ -164,7 +167,8 @@ class ControlOps:
         cfg = self.settings.cfg
         d = cfg.daemon
         daemon = {"pid": os.getpid(), "uptime_s": mono - self.started, "protocol": PROTOCOL_VERSION,
-                  "config_path": cfg.path, "node": d.node, "profile": d.profile or "(default costs)",
+                  "config_path": cfg.path, "node": d.node, "host": socket.gethostname(),
+                  "engine_gone_s": d.engine_gone_s, "profile": d.profile or "(default costs)",
                   "endpoints": {w: cfg.endpoint(w) for w in security.ENDPOINTS},
                   "metrics": f"http://{d.metrics_host}:{d.metrics_port}/metrics" if d.metrics_port else "",
                   "counters": dataclasses.asdict(self.counters), "engines": len(self.engines),
@@ -172,7 +176,7 @@ class ControlOps:
                   "warnings": self.warnings(),
                   "bounds": {k: getattr(d, k) for k in ("max_engines", "max_string", "max_finished", "recent_bytes",
                                                         "max_running_limit", "max_kv_tokens")}}
-        engines = {eid: _engine_status(eng, mono) for eid, eng in self.engines.items()}
+        engines = {eid: _engine_status(eng, mono, d.engine_gone_s) for eid, eng in self.engines.items()}
         return ControlReply(ok=True, data={"daemon": daemon, "engines": engines,
                                            "dispatchers": self.dispatch.status(mono)})
 

@@ -75,7 +75,8 @@ class Daemon:
         self.dispatch = DispatchSide(window=cfg.dispatch.fwd_window)  # SBS: T̄_fwd per rank, the DP controllers
         self.counters = Counters()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(metrics.DaemonCollector(self.engines, self.dispatch, self.counters, restarts))
+        self.registry.register(metrics.DaemonCollector(self.engines, self.dispatch, self.counters, restarts,
+                                                       lambda: self.settings.cfg.daemon))
         self._stop = threading.Event()
         self.control = ControlOps(self.settings, self.engines, self.dispatch, self.counters, restarts=restarts,
                                   stop=self.stop)

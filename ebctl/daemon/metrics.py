@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ebctl import fleet
+from ebctl.config import DaemonConfig
 from ebctl.daemon.dispatch import DispatchSide
 from ebctl.daemon.records import Counters, Engine
 from ebctl.protocol import Mode
@@ -43,13 +46,24 @@ class DaemonCollector(Collector):
     daemon's records (the same objects the loop updates); ``restarts``: how many times ``ebctl start``
     restarted the daemon."""
 
-    def __init__(self, engines: dict[str, Engine], dispatch: DispatchSide, counters: Counters, restarts: int
-                 ) -> None:
+    def __init__(self, engines: dict[str, Engine], dispatch: DispatchSide, counters: Counters, restarts: int,
+                 daemon_cfg: Callable[[], DaemonConfig]) -> None:
         self._engines, self._dispatch, self._counters, self._restarts = engines, dispatch, counters, restarts
+        self._daemon_cfg = daemon_cfg  # the daemon section in force now (node and engine_gone_s are live)
 
     def collect(self) -> Iterator[Metric]:
         engines = list(self._engines.items())  # one atomic copy: the loop may add engines meanwhile
         mono = time.monotonic()
+        d = self._daemon_cfg()
+        up = GaugeMetricFamily(f"{PREFIX}_engine_up", "1 while the engine reports (an idle one every 2 s), 0 once "
+                               "silent for daemon.engine_gone_s", labels=["engine"])
+        info = GaugeMetricFamily(f"{PREFIX}_engine_info", "1 per engine: the node, server and DP rank its id names "
+                                 "(for selecting by node and server)", labels=["engine", "node", "server", "rank"])
+        for eid, eng in engines:
+            w = fleet.where(eid, d.node)
+            up.add_metric([eid], 0.0 if fleet.gone(mono - eng.last_report, d.engine_gone_s) else 1.0)
+            info.add_metric([eid, w.node or socket.gethostname(), w.server, w.rank], 1.0)
+        yield from (up, info)
 
         def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["engine", *labels])

@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, config_mod.ConfigError, profiles.ProfileError) as e:
         print(f"ebctl.sim.live: {e}", file=sys.stderr)
         return 2
-    engine_id = f"{cfg.daemon.node}/{a.engine_id}" if cfg.daemon.node else a.engine_id
+    prefix = cfg.engine.id_prefix or cfg.daemon.node  # as the plugin names sglang's ranks
+    engine_id = f"{prefix}/{a.engine_id}" if prefix else a.engine_id
     concurrency = a.concurrency or 2 * a.max_running
     econf = EngineConfig(max_running=a.max_running, kv_tokens=hardware.kv_capacity_tokens(prof.model, prof.gpu),
                          engine_id=engine_id)
