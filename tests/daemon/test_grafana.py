@@ -107,15 +107,20 @@ def test_panels_cover_what_an_operator_watches_per_engine(dashboard):
         "dropped reports": "ebctl_seq_gaps_total", "throughput": "ebctl_output_tokens_per_second",
         "gain against stock": "ebctl_gain_vs_stock", "exploration cost": "ebctl_exploration_cost_share",
         "daemon faults": "ebctl_faults_total", "policies refused": "ebctl_policies_refused_total",
-        "refused frames": "ebctl_rejected_total",
+        "refused frames": "ebctl_rejected_total", "engines up": "ebctl_engine_up",
+        "node and server": "ebctl_engine_info",
     }
     for what, metric in wanted.items():
         assert any(re.search(rf"\b{metric}\b", e) for e in exprs), what
     age = next(e for e in exprs if "ebctl_policy_version" in e)
     assert age.startswith("time() - ")  # an age in seconds, not the version number
     # per engine: an "engine" variable from the exporter's label, and every per-engine query filters by it
-    var = next(v for v in dashboard["templating"]["list"] if v["name"] == "engine")
-    assert "label_values(ebctl_k, engine)" in json.dumps(var["query"]) and var["multi"] and var["includeAll"]
+    # a fleet: node and server variables from the exporter's info metric narrow the engine variable
+    var = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert "label_values(ebctl_engine_info, node)" in json.dumps(var["node"]["query"])
+    assert 'ebctl_engine_info{node=~\\"$node\\"}, server)' in json.dumps(var["server"]["query"])
+    assert 'node=~\\"$node\\",server=~\\"$server\\"}, engine)' in json.dumps(var["engine"]["query"])
+    assert all(var[n]["multi"] and var[n]["includeAll"] for n in ("node", "server", "engine"))
     for e in exprs:
         for name, matchers in METRIC.findall(e):
             if name not in DAEMON_WIDE:
