@@ -26,6 +26,7 @@ from sglang_patch.state import PluginState
 
 SCHEDULER: Final = "sglang.srt.managers.scheduler.Scheduler"
 RECEIVER: Final = "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver"
+INQUIRER: Final = "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer"
 
 HOOK_TARGETS: Final[dict[str, str]] = {
     "broadcast": f"{RECEIVER}._broadcast_reqs_across_ranks",  # the group's source adds the policy envelope
@@ -37,6 +38,7 @@ HOOK_TARGETS: Final[dict[str, str]] = {
     "batch_result": f"{SCHEDULER}.process_batch_result",  # report the step and its finished requests
     "abort_output": f"{SCHEDULER}.send_abort_output",  # requests ended outside the output stream
     "internal_state": f"{SCHEDULER}.get_internal_state",  # status in GET /server_info
+    "loads": f"{INQUIRER}.get_loads",  # /v1/loads (what smg polls) shows the running cap in force
 }
 
 STATE = PluginState()
@@ -159,9 +161,29 @@ def show(st: PluginState, sched: Any, out: Any, _: Any) -> None:
     out.internal_state["ebctl"] = lifecycle.status(st, sched)
 
 
+def loads(original, inquirer, *args, **kwargs):
+    snapshot = original(inquirer, *args, **kwargs)
+    st = STATE
+    if st.cap is not None:
+        guarded(st, "loads", capped_loads, None, snapshot, None, None, False)
+    return snapshot
+
+
+def capped_loads(st: PluginState, _sched: Any, snapshot: Any, _: Any) -> None:
+    """This rank's load snapshot (``LoadSnapshot``, a mutable msgspec Struct; built by load_inquirer.py
+    109-250, published by scheduler.py 884, read by ``GET /v1/loads``) says the running cap ebctl applies,
+    N̂*, where it is below sglang's ``--max-running-requests``: a gateway reading ``max_running_requests``
+    sees the capacity the server has under the policy. The waiting counts need nothing: requests the gate or
+    the cap holds stay in ``waiting_queue``, which sglang counts."""
+    cap = st.cap
+    if cap is not None and cap < snapshot.max_running_requests:
+        snapshot.max_running_requests = cap
+
+
 HOOKS: Final = {"broadcast": broadcast, "input": process_input, "next_batch": next_batch,
                 "defer_prefill": defer_prefill, "allocatable": allocatable, "run_batch": run_batch,
-                "batch_result": batch_result, "abort_output": abort_output, "internal_state": internal_state}
+                "batch_result": batch_result, "abort_output": abort_output, "internal_state": internal_state,
+                "loads": loads}
 
 
 def install() -> None:

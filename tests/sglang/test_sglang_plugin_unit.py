@@ -466,3 +466,33 @@ def test_a_finished_requests_tpot_is_its_decode_time_over_the_tokens_after_the_f
     stamped = req("w", n_out=11, done=True)  # sglang stamped its completion: 2.0 → 3.0 s over 10 tokens
     stamped.time_stats.completion_time = 3.0
     assert reading.finished_request(stamped).tpot_s == pytest.approx(0.1)
+
+
+def test_an_idle_server_beats_every_heartbeat(st, monkeypatch):
+    """After the idle report that ends a load, an idle scheduler (sglang calls get_next_batch_to_run on every
+    pass of its idle loop) reports again only once HEARTBEAT_S has passed: the daemon tells idle from gone."""
+    clock = [100.0]
+    monkeypatch.setattr(state, "monotonic", lambda: clock[0])
+    sched = Sched(waiting_queue=[])
+    idle = SimpleNamespace(batch_to_run=None, running_batch=batch([]))
+    run_step(sched, batch([req()], mode="DECODE"), sched.running_batch)
+    for t in (100.0, 100.5, 101.9, 102.0, 103.0, 103.99, 104.0):  # HEARTBEAT_S = 2: beats at 102 and 104
+        clock[0] = t
+        hooks.next_batch(Original(idle), sched)
+    assert state.HEARTBEAT_S == 2.0
+    assert [r.kind for r in st.link.sent] == ["decode", "idle", "idle", "idle"]
+
+
+def test_v1_loads_shows_the_running_cap_in_force(st):
+    """sglang's /v1/loads snapshot (what smg polls) says max_running_requests = n_max while a policy caps the
+    running batch below the server's flag; without a policy, or with a cap above it, sglang's own value."""
+    snapshot = lambda: SimpleNamespace(max_running_requests=16, num_waiting_reqs=5)  # noqa: E731
+    assert hooks.loads(Original(snapshot()), "inquirer").max_running_requests == 16  # no policy yet
+    st.link.p = eb(n_max=8)
+    sched = Sched(is_mixed_chunk=True)
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+    got = hooks.loads(Original(snapshot()), "inquirer")
+    assert (got.max_running_requests, got.num_waiting_reqs) == (8, 5)
+    frozen = SimpleNamespace()  # a snapshot the part cannot read: the hook answers sglang's, the plugin goes off
+    assert hooks.loads(Original(frozen), "inquirer") is frozen
+    assert not st.on and st.error == "exception in hook loads"

@@ -27,6 +27,7 @@ EXPECTED_PARAMS = {
     "batch_result": ["self", "batch", "result"],
     "abort_output": ["self", "abort_req", "req"],
     "internal_state": ["self", "recv_req"],
+    "loads": ["self"],  # SchedulerLoadInquirer.get_loads
 }
 
 # the scheduler's hooks, and the launcher's SIGTERM watch (the probe runs as a launcher: no multiprocessing parent)
