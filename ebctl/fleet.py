@@ -1,8 +1,9 @@
 """Where an engine id sits in a fleet: its node, its server and its DP rank; and whether it is gone (pure).
 
-An engine id is ``<prefix>/dp<N>`` (``sglang_patch/lifecycle.learn``): the prefix is ``engine.id_prefix``, else
-``daemon.node``. ``ebctl start --join`` names the server, ``<daemon.node>/<server>`` (or ``<server>`` on a
-daemon without a node name), so every server under one node daemon has ids of its own. Ids of other shapes
+An engine id is ``<prefix>/dp<N>`` (``sglang_patch/lifecycle.learn``, :func:`id_prefix`): the prefix is
+``engine.id_prefix``, else ``<daemon.node>/<server>`` for a server named by ``EBCTL_SERVER`` (``ebctl start
+--join --server NAME`` and systemd's ``sglang@NAME`` name it), else ``daemon.node``; so every server under one
+node daemon has ids of its own. Ids of other shapes
 keep the same reading: the last part names the engine within its server (``dp0``, the simulated ``sim0``).
 """
 
@@ -25,6 +26,15 @@ def where(engine_id: str, node: str) -> Where:
     rest = engine_id[len(node) + 1:] if node and engine_id.startswith(node + "/") else engine_id
     server, _, rank = rest.rpartition("/")
     return Where(node=node, server=server or "-", rank=rank)
+
+
+SERVER_ENV = "EBCTL_SERVER"  # the server's name, in its environment: the plugin reads it at start-up
+
+
+def id_prefix(configured: str, node: str, server: str) -> str:
+    """The engine id prefix of a server: ``engine.id_prefix`` if set, else :func:`server_prefix` for a named
+    server, else the node name ("" → ids are ``dp<N>`` alone)."""
+    return configured or (server_prefix(node, server) if server else node)
 
 
 def server_prefix(node: str, server: str) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ebctl import fleet
 from ebctl.protocol import DispatchPolicy, DispatchReport, RankDispatch
 from sglang_patch.fault import Fault, parse
 
@@ -58,7 +59,7 @@ def learn(ctl: Any, cfg: Any) -> DispatchSetup:
     from sglang.srt.managers.utils import is_health_check_generate_req
     from sglang.srt.runtime_context import get_disagg, get_parallel
 
-    prefix = cfg.engine.id_prefix or cfg.daemon.node
+    prefix = fleet.id_prefix(cfg.engine.id_prefix, cfg.daemon.node, os.environ.get(fleet.SERVER_ENV, ""))
     layout = "plain"
     if get_disagg().disaggregation_mode == "decode":
         layout = "decode"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ebctl import fleet
 from sglang_patch import group_fault, reading
 from sglang_patch.fault import Fault, parse
 
@@ -77,7 +78,7 @@ class Started(NamedTuple):
 
 def learn(sched: Any, cfg: Any, where: reading.Ranks) -> Setup:
     """The :class:`Setup` of ``sched`` at ``where``, under config ``cfg``."""
-    prefix = cfg.engine.id_prefix or cfg.daemon.node
+    prefix = fleet.id_prefix(cfg.engine.id_prefix, cfg.daemon.node, os.environ.get(fleet.SERVER_ENV, ""))
     engine_id = f"{prefix}/dp{where.dp}" if prefix else f"dp{where.dp}"
     return Setup(
         engine_id=engine_id, reporting=where.source, group=where.group, rank=where.rank,

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from ebctl import config
-from ebctl.cli.common import Globals, answers, app, command, fail
+from ebctl.cli.common import Globals, answers, app, command, fail, say
 from ebctl.config import Config
 
 SGLANG_INSTALL_HINT = "sglang is not installed: pip install 'ebctl[sglang]'"
@@ -107,7 +107,7 @@ def start(
     if server and not join:
         fail("ebctl start: --server names a server that joins a running daemon: add --join", 2)
     if join:
-        raise typer.Exit(_join(cfg, engine, engine_args or [], server, grace))
+        raise typer.Exit(_join(cfg, engine, engine_args or [], server, grace, ready_timeout))
     cfg_file = Path(cfg.daemon.runtime_dir) / "start.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, engine_args or []))
     from ebctl import security
@@ -160,9 +160,13 @@ def server_name(engine: Engine, args: Sequence[str], given: str) -> str:
     return f"port{port}"
 
 
-def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float) -> int:
+def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float, ready_timeout: float) -> int:
     """``start --join``: the engine alone, wired to the running daemon, with ids of its own
-    (``fleet.server_prefix``); refused (exit 1) without a daemon, or when a live server has that name."""
+    (``fleet.server_prefix``); refused (exit 1) when a live server has that name there. A daemon that does not
+    answer within ``ready_timeout`` is waited for no longer: the engine starts and runs stock until one does
+    (the engine serves whatever the controller does)."""
+    import time
+
     from ebctl import fleet
     from ebctl.cli import supervisor
     from ebctl.cli.common import request
@@ -170,30 +174,44 @@ def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float
     name = server_name(engine, args, given)
     if not _SERVER_NAME.fullmatch(name):
         fail(f"ebctl start: --server {name!r}: use 1-64 letters, digits, '.', '_' or '-'", 2)
-    try:
-        reply = request(cfg, "status", timeout_s=2.0)
-    except ConnectionError:
-        fail(f"ebctl start --join: no daemon answers at {cfg.endpoint('control')}: start the node's daemon "
-             "first (systemctl start ebctl, or ebctl daemon), or start without --join", 1)
-    if not reply.ok:
+    deadline, reply = time.monotonic() + ready_timeout, None
+    while reply is None:
+        try:
+            reply = request(cfg, "status", timeout_s=2.0)
+        except ConnectionError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    node = cfg.daemon.node
+    if reply is None:
+        say(f"ebctl start --join: no daemon answers at {cfg.endpoint('control')} after {ready_timeout:g} s; "
+            "starting the engine anyway: it runs stock until one answers there (systemctl start ebctl, or "
+            "ebctl daemon)")
+    elif not reply.ok:
         fail(f"ebctl start --join: the daemon refused status: {reply.error}", 1)
-    node = str((reply.data.get("daemon") or {}).get("node") or "")
+    else:
+        node = str((reply.data.get("daemon") or {}).get("node") or "")
+        live = sorted(eid for eid, st in (reply.data.get("engines") or {}).items()
+                      if eid.startswith(fleet.server_prefix(node, name) + "/") and not st.get("gone"))
+        if live:
+            fail(f"ebctl start --join: a server named {name!r} already reports to this daemon "
+                 f"({', '.join(live)}); name this one with --server NAME", 1)
     prefix = fleet.server_prefix(node, name)
-    live = sorted(eid for eid, st in (reply.data.get("engines") or {}).items()
-                  if eid.startswith(prefix + "/") and not st.get("gone"))
-    if live:
-        fail(f"ebctl start --join: a server named {name!r} already reports to this daemon ({', '.join(live)}); "
-             "name this one with --server NAME", 1)
     joined = cfg.with_updates({"engine.id_prefix": prefix})
     cfg_file = Path(cfg.daemon.runtime_dir) / f"join-{name}-{os.getpid()}.toml"
     engine_cmd, engine_env = engine_command(engine, str(cfg_file), engine_args_for(engine, cfg, args))
+    from ebctl import security
+
     try:
+        security.ensure_runtime_dir(cfg.daemon.runtime_dir)  # the daemon's, or this one's until a daemon comes
         fd = os.open(cfg_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(config.to_toml(joined))
         return supervisor.Supervisor(cfg, grace).run_engine(
             engine_cmd, {**os.environ, "PYTHONUNBUFFERED": "1", **engine_env}, f"{engine} engine {prefix}",
             engine_stops_group=engine is Engine.SGLANG)
+    except security.SecurityError as e:
+        fail(f"ebctl start --join: {e}", 2)
     except OSError as e:
         fail(f"ebctl start --join: runtime_dir {cfg.daemon.runtime_dir}: {e}", 1)
     finally:

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -98,8 +99,19 @@ def test_servers_join_one_node_daemon(tmp, spawn):
         for p in procs:
             assert p.wait(scaled(20)) == 0, p.stderr.read()
     lone = write_config(tmp / "b.toml", tmp / "rt-none")
-    r = ebctl("--config", str(lone), "start", "--engine", "sim", "--join")
-    assert r.returncode == 1 and "no daemon answers" in r.stderr
+    alone = subprocess.Popen([*EBCTL, "--config", str(lone), "start", "--engine", "sim", "--join", "--ready-timeout",
+                              "0.5", "--server", "s9", "--", "--speed", "20"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(scaled(60), alone.kill)  # bounds the readline below if the engine never speaks
+    guard.start()
+    try:  # no daemon to join: the engine starts anyway (stock until one answers)
+        first = alone.stdout.readline()
+    finally:
+        guard.cancel()
+        alone.terminate()
+        _, err = alone.communicate(timeout=scaled(20))
+    assert first.startswith("[sim] engine s9/sim0")
+    assert "no daemon answers" in err and "starting the engine anyway" in err
     r = ebctl("--config", str(lone), "start", "--engine", "sim", "--server", "x")
     assert r.returncode == 2 and "--join" in r.stderr
 

@@ -298,13 +298,21 @@ def test_an_idle_step_after_work_is_reported_once(st):
     (reading.Ranks(0, True, 1), "", "", "dp0", True),
     (reading.Ranks(3, True, 1), "gpu-node-7", "", "gpu-node-7/dp3", True),
     (reading.Ranks(3, True, 1), "gpu-node-7", "launch-9", "launch-9/dp3", True),
+    (reading.Ranks(2, True, 1), "gpu-node-7", "@qwen8b", "gpu-node-7/qwen8b/dp2", True),  # EBCTL_SERVER=qwen8b
+    (reading.Ranks(0, True, 1), "", "@qwen8b", "qwen8b/dp0", True),
     (reading.Ranks(1, True, 2), "", "", "dp1", True),  # attention TP 2: the source rank reports
     (reading.Ranks(1, False, 2), "", "", "dp1", False),  # the second rank of that group: silent, steered
 ])
 def test_start_names_the_engine_and_only_the_source_rank_talks(monkeypatch, tmp_path, caplog, ranks, node, prefix,
                                                                engine_id, reporting):
     cfg = tmp_path / "ebctl.toml"
+    server = prefix.removeprefix("@") if prefix.startswith("@") else ""  # "@NAME": the server named, no prefix set
+    prefix = "" if server else prefix
     cfg.write_text(f'[daemon]\nruntime_dir = "{tmp_path}"\nnode = "{node}"\n[engine]\nid_prefix = "{prefix}"\n')
+    if server:
+        monkeypatch.setenv("EBCTL_SERVER", server)
+    else:
+        monkeypatch.delenv("EBCTL_SERVER", raising=False)
     monkeypatch.setenv("EBCTL_CONFIG", str(cfg))
     monkeypatch.setattr(lifecycle.reading, "ranks", lambda: ranks)
     monkeypatch.setattr(lifecycle.reading, "batch_kinds", lambda: {})

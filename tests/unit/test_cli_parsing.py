@@ -507,6 +507,7 @@ def test_units_agree_with_the_example_config():
     assert "RuntimeDirectory=ebctl\n" in daemon_unit and "RuntimeDirectoryMode=0700\n" in daemon_unit
     assert "Environment=EBCTL_CONFIG=/etc/ebctl/ebctl.toml\n" in engine_unit
     assert "Environment=SGLANG_PLUGINS=ebctl\n" in engine_unit
+    assert "Environment=EBCTL_SERVER=%i\n" in engine_unit  # one node daemon, several servers: ids of their own
     user = [line for line in daemon_unit.splitlines() if line.startswith("User=")]
     assert user == [line for line in engine_unit.splitlines() if line.startswith("User=")] == ["User=ebctl"]
 
