@@ -1,7 +1,7 @@
 """A fleet on the real SGLang CPU server: two servers behind SGLang's gateway (smg), with and without ebctl.
 
     python tools/fleet_real.py [--configs plain,ebctl] [--runs 3] [--duration 240] [--last 120]
-                               [--concurrency 32] [--policy least_load] [--gateway-args='...']
+                               [--concurrency 32] [--policy least_load] [--gateway-args='...'] [--set K=V]
                                [--health-generation] [--kill-at S] [--json FILE] [--report FILE] [--quick]
 
 Every run starts the fleet FRESH: two tiny-model servers (tools/sglang_cpu, the base args of tools/ab_real.py),
@@ -127,9 +127,16 @@ class Fleet:
                                   dict(os.environ), work / "smg.log")
             self.procs.append(self.gateway)
             _wait_http(f"{self.url}/health", [self.gateway], 60, "the gateway")
-            for _ in range(2 * servers):  # every server has answered through the gateway once
-                h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}},
-                            timeout=60)
+            answered, deadline = 0, time.monotonic() + timeout
+            while answered < 2 * servers:  # the gateway has registered its workers (it probes each first)
+                try:
+                    h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+                        "max_new_tokens": 2}}, timeout=60)
+                    answered += 1
+                except OSError:  # urllib's HTTPError too: 404 "no worker serves model" until registered
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1.0)
         except BaseException:
             self.close()
             raise
@@ -186,6 +193,19 @@ class Fleet:
                     os.kill(pid, signal.SIGKILL)
 
 
+def policies(status: dict[str, Any] | None) -> dict[str, str]:
+    """engine → its policy and the measured search's state, in a few words, from the node daemon's status."""
+    out = {}
+    for eid, st in sorted(((status or {}).get("engines") or {}).items()):
+        tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
+        g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
+        gain, cost = g.get("vs_stock"), g.get("explore_share")
+        out[eid] = (f"{st.get('mode')} k={st.get('k')} N={st.get('n_max')} incumbent {tu.get('incumbent', '-')} "
+                    f"trials {tu.get('trials', '-')} gain {gain if gain is None else f'{gain:+.1%}'} exploring "
+                    f"{cost if cost is None else f'{cost:.1%}'}")
+    return out
+
+
 def servers_seen(status: dict[str, Any] | None) -> dict[str, str]:
     """server → "live" or "gone", from the node daemon's status (``ebctl.fleet`` reads the engine ids)."""
     from ebctl import fleet
@@ -216,7 +236,7 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, name: str, a: Any, smg:
     try:
         fleet = Fleet(h, venv, model, work, ebctl=name == "ebctl", smg=smg, policy=a.policy,
                       gateway_args=a.gateway_args, server_args=ab_real.base_args(a.server_args),
-                      health_generation=a.health_generation)
+                      health_generation=a.health_generation, settings=a.sets)
     except Exception as e:
         run["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
         return run
@@ -249,7 +269,9 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, name: str, a: Any, smg:
                 client.wait(10)
         if fleet.control:
             time.sleep(0 if a.kill_at is None else 1)
-            run["status"].append({"t": time.monotonic() - t0, "servers": servers_seen(fleet.status())})
+            last = fleet.status()
+            run["status"].append({"t": time.monotonic() - t0, "servers": servers_seen(last)})
+            run["policies"] = policies(last)
         if client.returncode != 0 or not (work / "client.json").is_file():
             run["error"] = f"the client exited with {client.returncode}"
             return run
@@ -278,6 +300,8 @@ def run_line(rnd: int, runs: int, run: dict[str, Any]) -> str:
         seen = [f"{x['t']:.0f} s {','.join(f'{k} {v}' for k, v in x['servers'].items()) or 'none'}"
                 for x in run["status"]]
         line += f" | node daemon: {'; '.join(seen)}"
+    if run.get("policies"):
+        line += " | at the end: " + "; ".join(f"{k} {v}" for k, v in run["policies"].items())
     if run.get("errors"):
         line += f" | errors: {run['errors'][:2]}"
     return line
@@ -298,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave sglang's /health generating a token (its default) instead of a liveness answer")
     ap.add_argument("--kill-at", type=float, default=None, help="SIGKILL server 2 this many seconds into the load")
     ap.add_argument("--status-every", type=float, default=30.0, help="seconds between the node daemon's status reads")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="an ebctl setting of the node daemon (repeatable), e.g. controller.mode=off")
     ap.add_argument("--server-args", default="", help="sglang flags added to every server's base args")
     ap.add_argument("--requests", type=int, default=480, help="(input, output) pairs, cycled in order")
     ap.add_argument("--seed", type=int, default=0)
