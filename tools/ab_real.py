@@ -450,6 +450,19 @@ class Serving:
             self._server.close()
 
 
+def start_client(venv: Path, url: str, work: Path, *, concurrency: int, duration: float, drain: float,
+                 pairs: list[tuple[int, int]], ids: list[int], seed: int) -> subprocess.Popen:
+    """The closed-loop client (``--client``) against ``url`` in a process of its own (the sglang venv's python,
+    for aiohttp and uvloop); its spec, log and results (``client.json``) in ``work``."""
+    spec = {"url": url, "concurrency": concurrency, "duration": duration, "drain": drain, "pairs": pairs,
+            "token_ids": ids, "seed": seed, "out": str(work / "client.json")}
+    (work / "client.spec.json").write_text(json.dumps(spec))
+    with open(work / "client.log", "wb") as log:
+        return subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).resolve()), "--client",
+                                 str(work / "client.spec.json")], cwd="/", stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
 def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], args: list[str], a: Any,
             pairs: list[tuple[int, int]], ids: list[int], seed: int) -> dict[str, Any]:
     """Start the configuration fresh, load it, stop it; the run's record (``error`` set if it did not start)."""
@@ -462,13 +475,8 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
         return run
     try:
         run["ready_s"] = serving.ready_s
-        spec = {"url": serving.url, "concurrency": a.concurrency, "duration": a.duration, "drain": a.drain,
-                "pairs": pairs, "token_ids": ids, "seed": seed, "out": str(work / "client.json")}
-        (work / "client.spec.json").write_text(json.dumps(spec))
-        with open(work / "client.log", "wb") as log:
-            client = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).resolve()), "--client",
-                                       str(work / "client.spec.json")], cwd="/", stdin=subprocess.DEVNULL,
-                                      stdout=log, stderr=subprocess.STDOUT)
+        client = start_client(venv, serving.url, work, concurrency=a.concurrency, duration=a.duration,
+                              drain=a.drain, pairs=pairs, ids=ids, seed=seed)
         t0 = time.monotonic()
         try:
             ticks = ([x * a.status_every for x in range(1, int(a.duration // a.status_every) + 1)]

@@ -242,13 +242,8 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, name: str, a: Any, smg:
         return run
     try:
         run["ready_s"] = fleet.ready_s
-        spec = {"url": fleet.url, "concurrency": a.concurrency, "duration": a.duration, "drain": a.drain,
-                "pairs": pairs, "token_ids": ids, "seed": seed, "out": str(work / "client.json")}
-        (work / "client.spec.json").write_text(json.dumps(spec))
-        with open(work / "client.log", "wb") as log:
-            client = subprocess.Popen([str(venv / "bin" / "python"), str(REPO / "tools" / "ab_real.py"), "--client",
-                                       str(work / "client.spec.json")], cwd="/", stdin=subprocess.DEVNULL,
-                                      stdout=log, stderr=subprocess.STDOUT)
+        client = ab_real.start_client(venv, fleet.url, work, concurrency=a.concurrency, duration=a.duration,
+                                      drain=a.drain, pairs=pairs, ids=ids, seed=seed)
         t0 = time.monotonic()
         events = sorted([*((x * a.status_every, "status") for x in range(1, int(a.duration // a.status_every) + 1)),
                          *(((a.kill_at, "kill"),) if a.kill_at is not None else ())])

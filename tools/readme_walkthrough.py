@@ -58,6 +58,23 @@ PLAN: dict[str, Step] = {
     "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies "
     "v0,mb,eb-auto,eb+": Step("run", timeout=180, expect="eb-auto"),
     "python tools/readme_walkthrough.py": Step("skip", "this walkthrough"),
+    "ebctl start --engine sglang --join --server qwen-a -- --model-path Qwen/Qwen3-8B --port 30000 "
+    "--enable-mixed-chunk": Step("skip", "needs a GPU and Qwen3-8B; tests/sglang/test_sglang_gateway.py joins two "
+                                 "real CPU servers to one node daemon"),
+    "smg launch --host 0.0.0.0 --port 8000 --policy least_load --worker-urls http://gpu-node-7:30000 "
+    "http://gpu-node-8:30000 --disable-worker-overload-protection --health-check-interval-secs 1 "
+    "--health-failure-threshold 2 --health-check-timeout-secs 2": Step(
+        "skip", "needs the two GPU nodes it names; tests/sglang/test_sglang_gateway.py runs smg with these settings"),
+    "kubectl apply -f deploy/kubernetes/": Step("skip", "needs a Kubernetes cluster; tests/unit/test_deploy.py "
+                                                "checks the manifests"),
+    "ebctl status --daemon node-a=tcp://10.0.0.1:5557 --daemon node-b=tcp://10.0.0.2:5557": Step(
+        "skip", "needs the two nodes it names; tests/daemon/test_fleet.py runs two daemons on TCP with CURVE"),
+    "python tools/fleet_real.py --runs 1 --duration 120 --last 60 --kill-at 60": Step(
+        "skip", "two real sglang servers behind smg, two fresh fleets of 2 minutes each (about 8 minutes)"),
+    "python tools/fleet_real.py --runs 3 --duration 180 --last 90": Step(
+        "skip", "two real sglang servers behind smg, six fresh fleets of 3 minutes each (about 30 minutes)"),
+    "python tools/sim_fleet.py --write": Step("run", timeout=900, expect="least_load", slow=True,
+                                              why=SLOW.format(s="8-32 simulated servers behind smg (8 minutes)")),
     "pip install -e '.[sglang]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
     "bash tools/sglang_cpu/start.sh": Step("sglang", expect="dp0", timeout=900),
     "ebctl status": Step("skip", "run against the CPU server above, and against the demo"),

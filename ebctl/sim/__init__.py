@@ -5,5 +5,6 @@
 fitted by ``paperfit`` to the paper's measurements in ``paperdata``; ``calibrate`` fits one to a real engine's
 reports), ``hardware`` (KV capacity),
 ``workloads``, ``policies`` (policy names → sources of ``Policy``), ``runner.run`` (one workload under one
-policy), ``metrics``, ``cli.simulate`` (``ebctl simulate``; ``python -m ebctl.sim``).
+policy), ``metrics``, ``cli.simulate`` (``ebctl simulate``; ``python -m ebctl.sim``); ``gateway`` (smg's routing
+rules, pure) and ``fleet.run`` (N engines behind it, ``tools/sim_fleet.py``).
 """

@@ -43,12 +43,9 @@ def test_a_fleet_behind_smg_loses_only_the_dead_servers_requests(sglang_venv, ti
     try:
         wait_for(lambda: fleet_real.servers_seen(fleet.status()) == {"s1": "live", "s2": "live"}, 30,
                  "both servers reporting to the node daemon")
-        spec = {"url": fleet.url, "concurrency": 32, "duration": 16.0, "drain": 60.0,
-                "pairs": ab_real.issue_workload(480, 0), "token_ids": ab_real.model_vocab(tiny_model), "seed": 1,
-                "out": str(workdir / "client.json")}
-        (workdir / "spec.json").write_text(json.dumps(spec))
-        client = subprocess.Popen([str(sglang_venv / "bin" / "python"), str(REPO / "tools" / "ab_real.py"),
-                                   "--client", str(workdir / "spec.json")], cwd="/")
+        client = ab_real.start_client(sglang_venv, fleet.url, workdir, concurrency=32, duration=16.0, drain=60.0,
+                                      pairs=ab_real.issue_workload(480, 0), ids=ab_real.model_vocab(tiny_model),
+                                      seed=1)
         t0 = time.monotonic()
         time.sleep(8.0)
         fleet.kill_server(1)
