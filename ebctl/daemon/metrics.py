@@ -59,10 +59,11 @@ class DaemonCollector(Collector):
                                "silent for daemon.engine_gone_s", labels=["engine"])
         info = GaugeMetricFamily(f"{PREFIX}_engine_info", "1 per engine: the node, server and DP rank its id names "
                                  "(for selecting by node and server)", labels=["engine", "node", "server", "rank"])
+        node = d.node or socket.gethostname()
         for eid, eng in engines:
             w = fleet.where(eid, d.node)
             up.add_metric([eid], 0.0 if fleet.gone(mono - eng.last_report, d.engine_gone_s) else 1.0)
-            info.add_metric([eid, w.node or socket.gethostname(), w.server, w.rank], 1.0)
+            info.add_metric([eid, node, w.server, w.rank], 1.0)
         yield from (up, info)
 
         def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
