@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shlex
 import statistics
@@ -434,11 +435,13 @@ class Serving:
             env = {k: v for k, v in h.server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
             env.update(h.ONE_TORCH_CORE)
             self._cm = h.ebctl_start(venv, model, work, [*args, *cfg["flags"]], cfg["sets"], env=env)
-            _, self.url = self._cm.__enter__()
+            proc, self.url = self._cm.__enter__()
+            self.root = proc.pid
             self.control = f"ipc://{work / 'rt' / 'control.sock'}"
         else:  # Server prepends BASE_ARGS itself: the command line is the same as ebctl's
             self._server = h.Server(venv, model, work, [*args[len(BASE_ARGS):], *cfg["flags"]], plugins="none")
             self.url = self._server.url
+            self.root = self._server.proc.pid
             h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
                         timeout=60)  # what ebctl_start waits for: one answered generate
         self.ready_s = time.monotonic() - t0
@@ -448,6 +451,33 @@ class Serving:
             self._cm.__exit__(None, None, None)
         if self._server is not None:
             self._server.close()
+
+
+def tree_cpu(root: int, proc: Path = Path("/proc")) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) of ``root`` and its live descendants, summed by process name
+    (``comm``: sglang's processes name themselves ``sglang::scheduler`` etc., ebctl's daemon and supervisor are
+    told apart by their command line), from /proc/PID/stat fields 14-15 (proc(5))."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        comm, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+        name = ("ebctl daemon" if "ebctl.daemon" in cmd else
+                "ebctl start" if " -m ebctl " in cmd and " start " in cmd else comm)
+        stats[int(d.name)] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / tick)
+    keep, out = {root}, {}
+    for _ in range(8):  # parents before children does not hold in pid order: a few passes reach the leaves
+        keep |= {pid for pid, (ppid, _, _) in stats.items() if ppid in keep}
+    for pid in keep & stats.keys():
+        _, name, cpu = stats[pid]
+        out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 def start_client(venv: Path, url: str, work: Path, *, concurrency: int, duration: float, drain: float,
@@ -475,6 +505,7 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
         return run
     try:
         run["ready_s"] = serving.ready_s
+        cpu0 = tree_cpu(serving.root)
         client = start_client(venv, serving.url, work, concurrency=a.concurrency, duration=a.duration,
                               drain=a.drain, pairs=pairs, ids=ids, seed=seed)
         t0 = time.monotonic()
@@ -494,6 +525,7 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
             if client.poll() is None:
                 client.kill()
                 client.wait(10)
+        run["cpu_s"] = {k: v - cpu0.get(k, 0.0) for k, v in tree_cpu(serving.root).items()}  # under load
         if serving.control:
             run["status"].append({"t": time.monotonic() - t0, "status": h.daemon_status(serving.control)})
         if client.returncode != 0 or not (work / "client.json").is_file():
@@ -521,6 +553,8 @@ def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
             f"{s['in_flight_at_end']} in flight at the end ({s['completed_in_drain']} completed in the drain, "
             f"{s['unfinished']} unfinished), client CPU {run['client_cpu_s'] / run['client_wall_s']:.1%}, "
             f"ready in {run['ready_s']:.0f} s")
+    if run.get("cpu_s"):
+        line += " | CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["cpu_s"].items(), key=lambda x: -x[1]))
     if run["status"]:
         line += f" | {status_text(engine_status(run['status'][-1]['status']))}"
     if run.get("errors"):
