@@ -128,6 +128,7 @@ class EngineConfig:
     mixed_without_flag: bool = False  # mb may mix on a server started without --enable-mixed-chunk
     trace_dir: str = ""  # each scheduler rank appends its gate decisions to a file here; "" → off
     fault: str = ""  # test switch: "HOOK:N" raises inside that hook's ebctl work at its N-th call
+    report_flush_s: float = 0.005  # the link's I/O thread sends queued reports this often (and on each policy)
 
 
 _ENGINE_SPECS: dict[str, Spec] = {
@@ -138,6 +139,8 @@ _ENGINE_SPECS: dict[str, Spec] = {
                                      "nothing rules mixing out (speculative decoding, prefill CUDA graphs, ...)"),
     "trace_dir": Spec(str, "diagnosis and tests: each scheduler rank appends its gate decisions (one JSON line "
                            "each) to trace.dp<D>.r<R>.jsonl here; empty: off"),
+    "report_flush_s": Spec(float, "the plugin's link thread wakes this often (s) to send the iterations queued "
+                                  "since; each wake takes the scheduler process's GIL", 0.001, 1.0),
     "fault": Spec(str, "tests only: 'HOOK:N' makes the plugin raise in that hook at its N-th call; 'HOOK:N@RANK' "
                        "only in the scheduler of that rank in its group (r<RANK> of the trace files); empty: never"),
 }

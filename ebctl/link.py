@@ -163,7 +163,8 @@ class EngineLink:
         d = cfg.daemon
         return cls(engine_id, telemetry_endpoint=cfg.endpoint("telemetry"), policy_endpoint=cfg.endpoint("policy"),
                    curve_client_key=d.curve_client_key, curve_server_public=d.curve_server_key,
-                   insecure=d.insecure, policy_type=policy_type, max_running=max_running)
+                   insecure=d.insecure, policy_type=policy_type, max_running=max_running,
+                   flush_s=cfg.engine.report_flush_s)
 
     def _socket(self, kind: int, curve: bool, client_key: str, server_public: str, made: list[zmq.Socket]
                 ) -> zmq.Socket:
