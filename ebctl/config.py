@@ -128,7 +128,7 @@ class EngineConfig:
     mixed_without_flag: bool = False  # mb may mix on a server started without --enable-mixed-chunk
     trace_dir: str = ""  # each scheduler rank appends its gate decisions to a file here; "" → off
     fault: str = ""  # test switch: "HOOK:N" raises inside that hook's ebctl work at its N-th call
-    report_flush_s: float = 0.005  # the link's I/O thread sends queued reports this often (and on each policy)
+    report_flush_s: float = 0.1  # the link's I/O thread sends queued reports this often; each wake takes the GIL
 
 
 _ENGINE_SPECS: dict[str, Spec] = {

@@ -6,8 +6,10 @@
                             [--status-every 60] [--slo TTFT,TPOT] [--json FILE] [--venv VENV] [--workdir DIR]
                             [--model DIR] [--quick] [--from-json FILE [--slo TTFT,TPOT] [--report FILE]]
 
-Every run starts the tiny model (tools/sglang_cpu/make_tiny_model.py) FRESH, with torch on one pinned OpenMP
-thread (``SGLANG_CPU_OMP_THREADS_BIND=0``, ``OMP_NUM_THREADS=1``) and the base server args: the harness's CPU
+Every run starts the tiny model (tools/sglang_cpu/make_tiny_model.py) FRESH, with torch on one OpenMP thread
+(``OMP_NUM_THREADS=1``; ``SGLANG_CPU_OMP_THREADS_BIND=0`` binds nothing on a CPU without AMX, so the tool pins:
+the scheduler's main thread alone on CPU 0, every other process and thread on the other CPUs, as a GPU server's
+scheduler has a core to itself; ``--no-pin`` leaves placement to the kernel) and the base server args: the harness's CPU
 flags (tools/sglang_cpu/server.py ``BASE_ARGS``: 16 slots, KV 16,384 tokens, ``--sleep-on-idle``) plus
 ``--chunked-prefill-size 256``, plus ``--server-args`` (for every configuration, ``alone`` included; write it
 with ``=``, as in ``--server-args='--enable-mixed-chunk --disable-overlap-schedule'``: a value starting with
@@ -453,6 +455,47 @@ class Serving:
             self._server.close()
 
 
+def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """``root`` and its live descendants (pids), from /proc/PID/stat's parent field."""
+    parent: dict[int, int] = {}
+    for d in proc.iterdir():
+        if d.name.isdigit():
+            try:
+                raw = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(raw[raw.rindex(")") + 2:].split()[1])
+    keep = {root}
+    for _ in range(8):  # a few passes reach the leaves (pid order is not parent-first)
+        keep |= {pid for pid, pp in parent.items() if pp in keep}
+    return sorted(keep & (parent.keys() | {root}))
+
+
+def pin(pids: list[int], core: int = 0, proc: Path = Path("/proc")) -> int:
+    """Give sglang's scheduler a core of its own, as a GPU server's scheduler has: the main thread of each
+    ``sglang::scheduler`` process (its tid is its pid) on ``core``, every other thread of ``pids`` (the
+    scheduler's helpers, the HTTP/tokenizer process, the detokenizer, ebctl's daemon, the client) on the other
+    cores. ``SGLANG_CPU_OMP_THREADS_BIND`` does not do it on this CPU: sglang binds threads only on AMX or
+    arm64 CPUs (sglang/srt/distributed/bootstrap.py 277-301, "init_cpu_threads_env ... is disabled").
+    Threads started later inherit their starter's set. Returns how many schedulers were pinned."""
+    rest = (os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))) - {core} or {core}
+    n = 0
+    for pid in pids:
+        try:
+            comm = (proc / str(pid) / "comm").read_text().strip()
+            tids = [int(t.name) for t in (proc / str(pid) / "task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            main = comm.startswith("sglang::sched") and tid == pid
+            try:
+                os.sched_setaffinity(tid, {core} if main else rest)
+            except OSError:  # gone meanwhile
+                continue
+            n += main
+    return n
+
+
 def tree_cpu(root: int, proc: Path = Path("/proc")) -> dict[str, float]:
     """CPU seconds (user + system, every thread) of ``root`` and its live descendants, summed by process name
     (``comm``: sglang's processes name themselves ``sglang::scheduler`` etc., ebctl's daemon and supervisor are
@@ -471,10 +514,8 @@ def tree_cpu(root: int, proc: Path = Path("/proc")) -> dict[str, float]:
         name = ("ebctl daemon" if "ebctl.daemon" in cmd else
                 "ebctl start" if " -m ebctl " in cmd and " start " in cmd else comm)
         stats[int(d.name)] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / tick)
-    keep, out = {root}, {}
-    for _ in range(8):  # parents before children does not hold in pid order: a few passes reach the leaves
-        keep |= {pid for pid, (ppid, _, _) in stats.items() if ppid in keep}
-    for pid in keep & stats.keys():
+    out: dict[str, float] = {}
+    for pid in set(tree(root, proc)) & stats.keys():
         _, name, cpu = stats[pid]
         out[name] = out.get(name, 0.0) + cpu
     return out
@@ -508,6 +549,8 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
         cpu0 = tree_cpu(serving.root)
         client = start_client(venv, serving.url, work, concurrency=a.concurrency, duration=a.duration,
                               drain=a.drain, pairs=pairs, ids=ids, seed=seed)
+        if a.pin:
+            run["pinned"] = pin([*tree(serving.root), client.pid])
         t0 = time.monotonic()
         try:
             ticks = ([x * a.status_every for x in range(1, int(a.duration // a.status_every) + 1)]
@@ -650,7 +693,9 @@ def report(doc: dict[str, Any], command: str) -> str:
     out = [f"`{command}`", "",
            f"{st['runs']} round(s) of {st['duration']:.0f} s, c = {st['concurrency']}, workload "
            f"{doc['workload']['source']} (seed {doc['workload']['seed']}), base args `{shlex.join(doc['base_args'])}`, "
-           "one pinned OpenMP thread; configurations interleaved, each run on a fresh server.", "", "```",
+           ("one OpenMP thread, the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else
+            "one OpenMP thread, not pinned (sglang binds threads only on AMX or arm64 CPUs)")
+           + "; configurations interleaved, each run on a fresh server.", "", "```",
            *(run_line(r["round"], st["runs"], r, width) for r in runs), "```", "",
            f"Medians over runs; ratio: bootstrap median [95% interval] of mean output tok/s against {baseline}.", "",
            text]
@@ -702,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo", type=parse_slo, default=None, metavar="TTFT,TPOT",
                     help="the operator's targets in seconds, e.g. 1.0,0.05: adds goodput (output tok/s of the "
                          "requests meeting both), attainment and the goodput ratio (with --from-json too)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="leave sglang's threads where the kernel puts them (default: the scheduler's main thread on "
+                         "CPU 0, everything else on the other CPUs; see pin())")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.client:
@@ -748,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pairs = issue_workload(a.requests, a.seed)
 
+    if a.pin:  # what this tool starts inherits the other CPUs; pin() then moves each scheduler's main thread
+        os.sched_setaffinity(0, (set(range(os.cpu_count() or 1)) - {0}) or {0})
     h = harness()
     from server import ensure_installed, sglang_venv
 

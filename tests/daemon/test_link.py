@@ -367,3 +367,22 @@ def test_a_policy_beyond_the_engines_limits_is_refused_counted_and_the_one_in_fo
     pub.send(topic("e0") + encode(msgspec.structs.replace(at_limit, version=6, k=3, n_max=8)))
     wait_for(lambda: link.policy(time.monotonic()).version == 6, what="v6 within the limits")
     link.close()
+
+
+def test_the_io_thread_wakes_once_per_flush_yet_a_policy_arrives_at_once(tmp, pub):
+    """Each wake of the I/O thread takes the engine process's GIL, so an idle link wakes about once per
+    ``flush_s`` (not once per ms); a policy still wakes it on arrival, long before the flush is due."""
+    (link,) = links(tmp, pub, "dp0", flush_s=0.5)
+    try:
+        w0, t0 = link.wakes, time.monotonic()
+        time.sleep(1.5)
+        woke, spent = link.wakes - w0, time.monotonic() - t0
+        assert woke <= spent / 0.5 + 2, f"{woke} wakes in {spent:.2f} s with flush_s = 0.5"
+        (slow,) = links(tmp, pub, "dp1", flush_s=30.0)  # a flush that would never come within the test
+        try:
+            connected(pub, slow, "dp1")  # a 5-s wait at most: only a policy's arrival can wake it in time
+            assert slow.stats()["wakes"] <= 1 + slow.policies
+        finally:
+            slow.close()
+    finally:
+        link.close()
