@@ -4,7 +4,7 @@
                                    [--venv VENV] [--workdir DIR]
 
 1. **Calibrate under ``ebctl start``.** ``ebctl start --engine sglang`` runs the daemon and the tiny model
-   (tools/sglang_cpu/; one pinned torch thread, SGLANG_CPU_OMP_THREADS_BIND=0) with the daemon's defaults;
+   (tools/sglang_cpu/; one torch thread, SGLANG_CPU_OMP_THREADS_BIND=0) with the daemon's defaults;
    sglang's own client (``sglang.benchmark.serving``, random-ids) loads it for ``--duration`` seconds
    (workload A). Then ``ebctl tune calibrate --out PROFILE`` writes the profile, and ``ebctl status --json``
    must say the online fits are in use (``costs.source == "online"``).

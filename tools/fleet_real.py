@@ -5,7 +5,8 @@
                                [--health-generation] [--kill-at S] [--json FILE] [--report FILE] [--quick]
 
 Every run starts the fleet FRESH: two tiny-model servers (tools/sglang_cpu, the base args of tools/ab_real.py),
-each with torch on its own pinned core (``SGLANG_CPU_OMP_THREADS_BIND`` 0 and 1), and ``smg launch`` in front
+each with one torch thread (``SGLANG_CPU_OMP_THREADS_BIND`` 0 and 1, which pins nothing on a CPU without
+AMX: tools/ab_real.py's ``pin``), and ``smg launch`` in front
 (smg 1.13.0 from tools/smg_env.sh) with ``--policy`` and the gateway settings. Configurations:
 
 - ``plain``: the servers without the plugin (``SGLANG_PLUGINS=none``);

@@ -5,7 +5,7 @@
 
 ``ebctl start --engine sglang`` runs the daemon with its defaults (mode eb+, theta_method measured, no
 ``daemon.profile``: the default costs until the online fits pass) and the tiny model (tools/sglang_cpu/, one
-pinned torch thread) launched with ``--enable-mixed-chunk`` and 16 slots, so that c = 24 keeps requests waiting,
+torch thread) launched with ``--enable-mixed-chunk`` and 16 slots, so that c = 24 keeps requests waiting,
 and ``--disable-radix-cache`` (random-ids prompts share prefixes whatever the seed: no prefill is skipped).
 sglang's own client (``sglang.benchmark.serving``, random-ids, prompts of 48 ± 50% tokens, outputs of 64 ± 50%)
 holds ``--concurrency`` requests in flight, round after round, for ``--duration`` seconds, while

@@ -7,7 +7,7 @@ What it does (tiny model, tools/sglang_cpu/; the environment of tools/sglang_env
 
 1. Two servers with the ebctl plugin, each with its own daemon, the same settings (``--max-running-requests
    16 --chunked-prefill-size 256 --disable-overlap-schedule --disable-radix-cache``, KV 16,384 tokens, torch
-   on one pinned core, ``SGLANG_CPU_OMP_THREADS_BIND=0``), one launched plain, one with
+   on one thread, ``SGLANG_CPU_OMP_THREADS_BIND=0``, not pinned without AMX), one launched plain, one with
    ``--enable-mixed-chunk``. No radix cache: the same seeded requests run in every round and configuration,
    and a cached prefix would skip prefill work that the simulator prices.
 2. Configurations: ``stock`` (plain, policy off: the plugin only reports), ``mixed`` (the mixed server,

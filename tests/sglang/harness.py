@@ -51,10 +51,12 @@ EB_K4_N8 = {"controller.mode": "eb", "controller.cold_mode": "eb", "controller.k
 BURST = {"num_prompts": 40, "input_len": 32, "output_len": 32, "range_ratio": 0.25}  # all at once, 8-32 out
 
 
-# Torch on one core: on a 2-core machine, torch threads on both cores stall for a time slice whenever any
-# other thread (zmq I/O, daemon, client, tokenizer) wakes; one core for torch runs faster and steadier.
+# Torch on one thread: on a 2-core machine, torch threads on both cores stall for a time slice whenever any
+# other thread (zmq I/O, daemon, client, tokenizer) wakes; one thread runs faster and steadier. The BIND
+# variable pins nothing on a CPU without AMX (sglang/srt/distributed/bootstrap.py 277-301); tools/ab_real.py
+# pins by itself (its pin()).
 ONE_TORCH_CORE = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}
-# Two ranks (--tp-size 2 / --dp-size 2): one pinned core each (sglang asserts ranks <= NUMA nodes otherwise).
+# Two ranks (--tp-size 2 / --dp-size 2): a core each (sglang asserts ranks <= NUMA nodes without the variable).
 TP_TORCH_CORES = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
 
 
