@@ -690,12 +690,12 @@ def report(doc: dict[str, Any], command: str) -> str:
     slo = tuple(st["slo"]) if st.get("slo") else None
     text, _ = table(names, runs, baseline, st["last"], slo=slo, duration=st["duration"])
     width = max(len(n) for n in names)
+    placed = ("the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else
+              "not pinned (sglang binds threads only on AMX or arm64 CPUs)")
     out = [f"`{command}`", "",
            f"{st['runs']} round(s) of {st['duration']:.0f} s, c = {st['concurrency']}, workload "
            f"{doc['workload']['source']} (seed {doc['workload']['seed']}), base args `{shlex.join(doc['base_args'])}`, "
-           ("one OpenMP thread, the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else
-            "one OpenMP thread, not pinned (sglang binds threads only on AMX or arm64 CPUs)")
-           + "; configurations interleaved, each run on a fresh server.", "", "```",
+           f"one OpenMP thread, {placed}; configurations interleaved, each run on a fresh server.", "", "```",
            *(run_line(r["round"], st["runs"], r, width) for r in runs), "```", "",
            f"Medians over runs; ratio: bootstrap median [95% interval] of mean output tok/s against {baseline}.", "",
            text]
