@@ -41,7 +41,10 @@ def test_quick_ab_runs_alone_and_ebctl(sglang_venv, tiny_model, workdir):
         assert s["output_tokens"] > 0 and s["bins_30s"] and run["records"]
         assert {"ttft", "tpot", "status", "t", "end"} <= set(run["records"][0])
         assert run["client_cpu_s"] > 0
+        assert run["pinned"] == 1, "pin() found no sglang::scheduler main thread to put on CPU 0"
+        assert run["cpu_s"]["sglang::schedul"] > 0  # the scheduler's CPU under load, from /proc
     ebctl = next(r for r in res["runs"] if r["config"] == "ebctl")
+    assert "ebctl daemon" in ebctl["cpu_s"] and "ebctl daemon" not in res["runs"][0]["cpu_s"]
     assert ebctl["status"] and any((s["status"] or {}).get("engines") for s in ebctl["status"])
     assert set(res["summary"]) == {"alone", "ebctl"}
     assert res["summary"]["alone"]["ratio"] == [1.0, 1.0, 1.0]  # the baseline against itself

@@ -180,3 +180,36 @@ def test_bootstrap_leaves_out_draws_with_a_zero_baseline(ab):
     med, lo, hi = ab.bootstrap_ratio([3.0, 3.0, 3.0], [0.0, 0.0, 3.0])
     assert all(math.isfinite(x) for x in (med, lo, hi)) and 1.0 <= lo <= med <= hi <= 3.0
     assert all(math.isnan(x) for x in ab.bootstrap_ratio([1.0], [0.0, 0.0]))  # no baseline at all: no ratio
+
+
+def _fake_proc(root: Path, procs: dict[int, tuple[int, str, str, int, int, list[int]]]) -> Path:
+    """A /proc with ``pid: (ppid, comm, cmdline, utime, stime, tids)`` (proc(5): stat fields 4, 14, 15)."""
+    for pid, (ppid, comm, cmd, ut, st, tids) in procs.items():
+        d = root / str(pid)
+        (d / "task").mkdir(parents=True)
+        for t in tids:
+            (d / "task" / str(t)).mkdir()
+        fields = ["S", str(ppid), *["0"] * 9, str(ut), str(st), *["0"] * 30]
+        (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+        (d / "comm").write_text(comm + "\n")
+        (d / "cmdline").write_bytes(cmd.replace(" ", "\0").encode())
+    (root / "self").mkdir()  # not a pid: skipped
+    return root
+
+
+def test_the_process_tree_and_its_cpu_by_name_from_proc(ab, tmp_path):
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    # 10 = ebctl start; 30 its daemon and 40 sglang (a child listed before its parent in pid order: 20 under 40),
+    # 20 the scheduler; 50 a process outside the tree
+    proc = _fake_proc(tmp_path, {
+        10: (1, "python", "python -m ebctl --runtime-dir rt start --engine sglang", 1 * tick, 0, [10]),
+        30: (10, "python", "python -m ebctl.daemon --config c", 2 * tick, 1 * tick, [30]),
+        40: (10, "python", "python -m sglang.launch_server", 5 * tick, 2 * tick, [40, 41]),
+        20: (40, "sglang::schedul", "sglang::scheduler", 90 * tick, 3 * tick, [20, 21, 22]),
+        50: (1, "python", "python other", 7 * tick, 0, [50]),
+    })
+    assert ab.tree(10, proc) == [10, 20, 30, 40]
+    assert ab.tree_cpu(10, proc) == {"ebctl start": 1.0, "ebctl daemon": 3.0, "python": 7.0,
+                                     "sglang::schedul": 93.0}
