@@ -687,7 +687,7 @@ def report(doc: dict[str, Any], command: str) -> str:
     st = doc["settings"]
     names, runs = doc["configs"], doc["runs"]
     baseline = st["baseline"] if isinstance(st.get("baseline"), str) and st["baseline"] else names[0]
-    slo = tuple(st["slo"]) if st.get("slo") else None
+    slo = tuple(st["slo"]) if isinstance(st.get("slo"), list) else None  # no targets: None, read back as NaN
     text, _ = table(names, runs, baseline, st["last"], slo=slo, duration=st["duration"])
     width = max(len(n) for n in names)
     placed = ("the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else
@@ -763,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--{k.replace('_', '-')}{'=' if k == 'server_args' else ' '}{shlex.quote(str(v))}" for k, v in st.items()
             if isinstance(v, str | int | float) and v not in (False, "") and v == v
             and k in ("configs", "runs", "duration", "last", "trace", "server_args"))
-        if st.get("slo"):
+        if isinstance(st.get("slo"), list):
             cmd += f" --slo {st['slo'][0]:g},{st['slo'][1]:g}"
         md = report(doc, cmd)
         if a.report:
