@@ -123,10 +123,8 @@ PLAN: dict[str, Step] = {
     "python tools/ab_real.py --configs alone,ebctl --runs 3 --duration 480 --last 240": Step(
         "skip", "the real sglang CPU server, six fresh servers of 8 minutes each (a quiet machine, about an hour); "
                 "tests/sglang/test_ab_real.py runs a short variant"),
-    "python tools/ab_real.py --configs alone,ebctl --trace uniform:L=600,O=32 --runs 3 --duration 480 --last 240":
-        Step("skip", "the real sglang CPU server, six fresh servers of 8 minutes each (about an hour)"),
-    "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs 'alone,ebctl:controller.mode=eb;"
-    "controller.k_override=4;controller.n_override=16,ebctl' --runs 2 --duration 480 --last 240":
+    "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs alone,mfsd=4,ebctl --runs 2 "
+    "--duration 480 --last 240":
         Step("skip", "the real sglang CPU server, six fresh servers of 8 minutes each (about an hour)"),
     "python tools/sim_cold.py": Step("run", timeout=1800, expect="worst default / best static", slow=True,
                                      why=SLOW.format(s="about 6 minutes of simulation")),
