@@ -455,20 +455,33 @@ class Serving:
             self._server.close()
 
 
-def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
-    """``root`` and its live descendants (pids), from /proc/PID/stat's parent field."""
-    parent: dict[int, int] = {}
+def _procs(proc: Path) -> dict[int, tuple[int, str, str, float]]:
+    """Every live process: pid → (parent pid, comm, command line, CPU ticks user + system), from /proc/PID/stat
+    (proc(5): fields 4, 14, 15)."""
+    out: dict[int, tuple[int, str, str, float]] = {}
     for d in proc.iterdir():
-        if d.name.isdigit():
-            try:
-                raw = (d / "stat").read_text()
-            except OSError:
-                continue
-            parent[int(d.name)] = int(raw[raw.rindex(")") + 2:].split()[1])
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        comm, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+        out[int(d.name)] = (int(rest[1]), comm, cmd, int(rest[11]) + int(rest[12]))
+    return out
+
+
+def _descendants(procs: dict[int, tuple[int, str, str, float]], root: int) -> list[int]:
     keep = {root}
     for _ in range(8):  # a few passes reach the leaves (pid order is not parent-first)
-        keep |= {pid for pid, pp in parent.items() if pp in keep}
-    return sorted(keep & (parent.keys() | {root}))
+        keep |= {pid for pid, p in procs.items() if p[0] in keep}
+    return sorted(keep & (procs.keys() | {root}))
+
+
+def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """``root`` and its live descendants (pids)."""
+    return _descendants(_procs(proc), root)
 
 
 def pin(pids: list[int], core: int = 0, proc: Path = Path("/proc")) -> int:
@@ -499,25 +512,14 @@ def pin(pids: list[int], core: int = 0, proc: Path = Path("/proc")) -> int:
 def tree_cpu(root: int, proc: Path = Path("/proc")) -> dict[str, float]:
     """CPU seconds (user + system, every thread) of ``root`` and its live descendants, summed by process name
     (``comm``: sglang's processes name themselves ``sglang::scheduler`` etc., ebctl's daemon and supervisor are
-    told apart by their command line), from /proc/PID/stat fields 14-15 (proc(5))."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, str, float]] = {}
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            raw = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile
-            continue
-        comm, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
-        name = ("ebctl daemon" if "ebctl.daemon" in cmd else
-                "ebctl start" if " -m ebctl " in cmd and " start " in cmd else comm)
-        stats[int(d.name)] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / tick)
-    out: dict[str, float] = {}
-    for pid in set(tree(root, proc)) & stats.keys():
-        _, name, cpu = stats[pid]
-        out[name] = out.get(name, 0.0) + cpu
+    told apart by their command line)."""
+    tick, procs, out = os.sysconf("SC_CLK_TCK"), _procs(proc), {}
+    for pid in _descendants(procs, root):
+        if pid in procs:
+            _, comm, cmd, ticks = procs[pid]
+            name = ("ebctl daemon" if "ebctl.daemon" in cmd else
+                    "ebctl start" if " -m ebctl " in cmd and " start " in cmd else comm)
+            out[name] = out.get(name, 0.0) + ticks / tick
     return out
 
 
