@@ -102,7 +102,11 @@ class Steering:
         c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%). No mb probe while the decode fit's
         intercept is not identified (``OnlineCosts.intercept_identified``): Eq. 8 stays on the profile's costs
         then, whatever the mixed fit says, and on simulated RTX PRO 6000 (dist-shift phase 1, N ≈ 460, α_d
-        1e-6 s of a 0.1 s step) three such probes cost eb+ 1% of the phase's throughput for nothing."""
+        1e-6 s of a 0.1 s step) three such probes cost eb+ 1% of the phase's throughput for nothing. Nor before
+        the measured search's first trial: from stock that trial is mb's (``Tuner.neighbours``), which measures
+        the mixed batches a probe would, and a probe drops the incumbent's next two whole windows
+        (``Tuner.interrupt``); on the simulated CPU server (``tools/sim_cold.py``) the probe at 13 s put off the
+        first trial from about 40 s to 93 s."""
         p = v.params
         if p.mode != "eb+" or not p.cost_online:
             self.probe.stop(now)
@@ -114,7 +118,8 @@ class Steering:
         need, target = "", None
         if not v.waiting_share >= SATURATED_SHARE:  # NaN (nothing seen yet) included
             return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end
-        if running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified():
+        if (running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified()
+                and not (v.measured and self.tuner.counts["trials"] == 0)):
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
         if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)

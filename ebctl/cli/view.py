@@ -319,11 +319,13 @@ def gain_text(st: dict[str, Any]) -> str:
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
     gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
             if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
-    share = g.get("explore_share")
-    cost = f"{share:.1%}" if isinstance(share, int | float) and math.isfinite(share) else "—"
+    share = g.get("explore_share")  # net: trials that ran ahead of the incumbent count as a gain
+    ok = isinstance(share, int | float) and math.isfinite(share)
+    cost = (f"exploring gained {-share:.1%}" if ok and share < 0 else f"exploring cost {share:.1%}" if ok
+            else "exploring cost —")
     n = tu.get("trials")
     trials = f" · {n} trial{'' if n == 1 else 's'}" if isinstance(n, int) else ""  # before the gain: 80 columns
-    return out + trials + gain + f" · exploring cost {cost} of {age(g.get('elapsed_s'))}"
+    return out + trials + gain + f" · {cost} of {age(g.get('elapsed_s'))}"
 
 
 def _targets(st: dict[str, Any]) -> str:

@@ -465,3 +465,29 @@ def test_a_challenger_is_judged_against_the_mean_of_the_incumbents_windows_not_i
     assert h["decision"] == "lose" and h["why"].startswith("clearly slower")
     assert h["effect"] == pytest.approx(math.expm1(-0.25))
     assert t.explore_s == pytest.approx(10 * (1 - math.exp(-0.25)))
+
+
+def test_the_ledger_shown_is_net_so_that_noise_cancels_and_the_budget_counts_slower_windows():
+    """A challenger as fast as stock whose 10-s windows run 0.1 above and below stock's mean (ln) costs
+    10·(1 − e^0.1) + 10·(1 − e^−0.1) = 20 − 20·cosh 0.1 = −0.1 s in all, the figure shown; the budget's bound
+    counts the slower window only, 10·(1 − e^−0.1) = 0.95 s. A window 0.2 ahead gives back 10·(e^0.2 − 1) =
+    2.21 s of the net figure and none of the bound."""
+    t = Tuner(TunerParams(window=50))
+    t.set_context(entries=[], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11)
+    t.ref_lns = [7.9, 8.1] * 4
+    t.trial, t.arm, t.settling = Trial(STOCK, MB, 0.0), MB, 0
+
+    def window(ln: float):
+        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50, "ttfts": [],
+                              "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
+
+    t._closed(window(8.1))
+    t._closed(window(7.9))
+    assert t.explore_net_s == pytest.approx(20 - 20 * math.cosh(0.1)) and -0.101 < t.explore_net_s < -0.0999
+    assert t.explore_s == pytest.approx(10 * (1 - math.exp(-0.1)))
+    net, bound = t.explore_net_s, t.explore_s
+    t.trial, t.arm = Trial(STOCK, MB, 0.0), MB
+    t._closed(window(8.2))
+    assert t.explore_net_s - net == pytest.approx(-10 * math.expm1(0.2)) and t.explore_s == bound
+    g = t.gain()
+    assert g["explore_cost_s"] == t.explore_net_s and g["explore_bound_s"] == t.explore_s

@@ -20,3 +20,10 @@ def test_at_stock_and_without_the_measured_search():
                                    "0.0% of 30 s")
     assert gain_text({"output_tok_s": math.nan, "gain": None}).startswith("output — tok/s · gain against stock: "
                                                                           "not measured")
+
+
+def test_trials_that_ran_ahead_of_the_incumbent_show_as_a_gain():
+    """The ledger is net (``Tuner`` docstring, Ledger): a negative share reads as what exploring gained."""
+    st = {"output_tok_s": 700.0, "tuner": {"incumbent": "mb", "theta_incumbent": math.nan, "trials": 2},
+          "gain": {"vs_stock": 0.1, "low": 0.05, "high": 0.15, "explore_share": -0.003, "elapsed_s": 120.0}}
+    assert gain_text(st).endswith(" · exploring gained 0.3% of 2 min")
