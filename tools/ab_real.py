@@ -484,14 +484,15 @@ def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
     return _descendants(_procs(proc), root)
 
 
-def pin(pids: list[int], core: int = 0, proc: Path = Path("/proc")) -> int:
+def pin(pids: list[int], core: int = 0, proc: Path = Path("/proc"), rest: set[int] | None = None) -> int:
     """Give sglang's scheduler a core of its own, as a GPU server's scheduler has: the main thread of each
     ``sglang::scheduler`` process (its tid is its pid) on ``core``, every other thread of ``pids`` (the
-    scheduler's helpers, the HTTP/tokenizer process, the detokenizer, ebctl's daemon, the client) on the other
-    cores. ``SGLANG_CPU_OMP_THREADS_BIND`` does not do it on this CPU: sglang binds threads only on AMX or
-    arm64 CPUs (sglang/srt/distributed/bootstrap.py 277-301, "init_cpu_threads_env ... is disabled").
-    Threads started later inherit their starter's set. Returns how many schedulers were pinned."""
-    rest = (os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))) - {core} or {core}
+    scheduler's helpers, the HTTP/tokenizer process, the detokenizer, ebctl's daemon, the client) on ``rest``
+    (default: the other cores). ``SGLANG_CPU_OMP_THREADS_BIND`` does not do it on this CPU: sglang binds threads
+    only on AMX or arm64 CPUs (sglang/srt/distributed/bootstrap.py 277-301, "init_cpu_threads_env ... is
+    disabled"). Threads started later inherit their starter's set. Returns how many schedulers were pinned."""
+    if rest is None:
+        rest = (os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))) - {core} or {core}
     n = 0
     for pid in pids:
         try:

@@ -5,8 +5,9 @@
                                [--health-generation] [--kill-at S] [--json FILE] [--report FILE] [--quick]
 
 Every run starts the fleet FRESH: two tiny-model servers (tools/sglang_cpu, the base args of tools/ab_real.py),
-each with one torch thread (``SGLANG_CPU_OMP_THREADS_BIND`` 0 and 1, which pins nothing on a CPU without
-AMX: tools/ab_real.py's ``pin``), and ``smg launch`` in front
+each with one torch thread, server i's scheduler main thread pinned to core i once the fleet is up
+(tools/ab_real.py's ``pin``: ``SGLANG_CPU_OMP_THREADS_BIND`` pins nothing on a CPU without AMX; every other
+thread, the gateway and the client keep every core; ``--no-pin``: none pinned), and ``smg launch`` in front
 (smg 1.13.0 from tools/smg_env.sh) with ``--policy`` and the gateway settings. Configurations:
 
 - ``plain``: the servers without the plugin (``SGLANG_PLUGINS=none``);
@@ -243,6 +244,10 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, name: str, a: Any, smg:
         return run
     try:
         run["ready_s"] = fleet.ready_s
+        if a.pin:  # each scheduler on a core of its own (two servers, two cores here); the rest float
+            every = set(range(os.cpu_count() or 1))
+            run["pinned"] = sum(ab_real.pin(ab_real.tree(s.pid), core=i % len(every), rest=every)
+                                for i, s in enumerate(fleet.servers))
         client = ab_real.start_client(venv, fleet.url, work, concurrency=a.concurrency, duration=a.duration,
                                       drain=a.drain, pairs=pairs, ids=ids, seed=seed)
         t0 = time.monotonic()
@@ -291,7 +296,7 @@ def run_line(rnd: int, runs: int, run: dict[str, Any]) -> str:
     if "killed_at" in run:
         line += (f" (server 2 killed at {run['killed_at']:.0f} s: {s['failed_before_kill']} failed of those sent "
                  f"before, {s['failed_after_kill']} of those sent after)")
-    line += f", ready in {run['ready_s']:.0f} s"
+    line += f", ready in {run['ready_s']:.0f} s" + (f", {run['pinned']} schedulers pinned" if "pinned" in run else "")
     if run["status"]:
         seen = [f"{x['t']:.0f} s {','.join(f'{k} {v}' for k, v in x['servers'].items()) or 'none'}"
                 for x in run["status"]]
@@ -321,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="an ebctl setting of the node daemon (repeatable), e.g. controller.mode=off")
     ap.add_argument("--server-args", default="", help="sglang flags added to every server's base args")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="leave thread placement to the kernel (default: server i's scheduler on core i, see pin())")
     ap.add_argument("--requests", type=int, default=480, help="(input, output) pairs, cycled in order")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--venv", default=None, help="the sglang CPU environment (default: tools/sglang_env.sh's)")
