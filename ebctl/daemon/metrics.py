@@ -100,7 +100,8 @@ class DaemonCollector(Collector):
         tok_g = gauge("output_tokens_per_second", "output tokens/s of the requests that finished in the last minute")
         gain_g = gauge("gain_vs_stock", "measured θ: what the incumbent buys against stock (ratio − 1), by the "
                        "tuner's trials, with its 95% interval", "which")
-        explore_g = gauge("exploration_cost_share", "measured θ: share of the time given up to trying arms")
+        explore_g = gauge("exploration_cost_share", "measured θ: share of the time given up to trying arms, net "
+                          "of the trial windows that ran ahead (negative: exploring gained)")
         slo_t = gauge("slo_target_seconds", "the operator's latency targets (controller.slo_ttft_s, slo_tpot_s; "
                       "0: not set)", "target")
         slo_a = gauge("slo_attainment", "share of the judged requests' output tokens within every set target "
