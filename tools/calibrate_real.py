@@ -19,7 +19,7 @@
    mean_s``: the same test every cost fit passes). Workload B's own mean is printed beside it, for scale.
 
 Exit 0 when the profile was written, status showed the online fits in use, and prefill and decode pass the
-check on workload B. ``--quick``: 75 s of calibration, 40 s of workload B (the tests' variant).
+check on workload B. ``--quick``: 60 s of calibration, 20 s of workload B (the tests' variant).
 The full run (``--duration 300``, the default) takes about 10 minutes with the two server starts.
 """
 
@@ -142,7 +142,7 @@ def check(prof: profiles.Profile, reports: list) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="75 s of calibration and 40 s of workload B")
+    ap.add_argument("--quick", action="store_true", help="60 s of calibration and 20 s of workload B")
     ap.add_argument("--duration", type=float, default=300.0, help="seconds of calibration load (B: half)")
     ap.add_argument("--out", type=Path, default=None, help="the profile (default: in the work directory)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="ebctl config for both daemons (e.g. controller.cost_max_rel_err=0.3); default: the defaults")
     a = ap.parse_args(argv)
-    seconds_a, seconds_b = (75.0, 40.0) if a.quick else (a.duration, a.duration / 2)
+    seconds_a, seconds_b = (60.0, 20.0) if a.quick else (a.duration, a.duration / 2)
     venv = sglang_venv(a.venv)
     ensure_installed(venv)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="ebcal-"))  # short: unix socket paths ≤ 107 bytes

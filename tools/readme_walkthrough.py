@@ -192,6 +192,7 @@ class Walk:
     def __init__(self, work: Path, checkout: Path, bindir: Path) -> None:
         self.work, self.checkout, self.bindir = work, checkout, bindir
         self.results: list[tuple[str, str, str]] = []  # (status, command, note)
+        self._since = time.monotonic()
         xdg = work / "xdg"
         xdg.mkdir(mode=0o700)
         self.env = {k: v for k, v in os.environ.items() if k not in ("EBCTL_CONFIG", "VIRTUAL_ENV")}
@@ -200,7 +201,10 @@ class Walk:
 
     def record(self, status: str, cmd: str, note: str = "") -> bool:
         self.results.append((status, cmd, note))
-        print(f"[{status:>4}] {cmd}" + (f"  ({note})" if note else ""), flush=True)
+        took = time.monotonic() - self._since  # since the last record: what CI's time goes to
+        self._since = time.monotonic()
+        print(f"[{status:>4}] {cmd}" + (f"  ({note})" if note else "") + (f"  [{took:.0f} s]" if took >= 1 else ""),
+              flush=True)
         return status == "ok"
 
     def check(self, cmd: str, rc: int, out: str, expect: str, want_rc: int | tuple[int, ...] = 0) -> bool:

@@ -4,7 +4,9 @@ for line), EB(k = 4, n_max = 8) holds, every request completes, and kill -9 of t
 back to stock together. Last, a fault on the follower rank only (``engine.fault = "abort_output:1@1"``: its
 first ``send_abort_output``, which nothing before that test calls) takes both ranks to stock at one iteration:
 the follower tells the source, keeps applying the group's policy meanwhile, and the source's farewell envelope
-switches the group off. In both event loops. Real sglang 0.5.23 on CPU, real daemon, sglang's client."""
+switches the group off. The lockstep in both event loops; the daemon's death and the follower's fault in the
+overlap loop, sglang's default (CI time: each costs about 20 s a loop). Real sglang 0.5.23 on CPU, real
+daemon, sglang's client."""
 
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ def queued_load(rig, *, num_prompts: int, seed: int, queued: int) -> tuple[threa
     return load, result
 
 
+@pytest.mark.parametrize("rig", ["overlap"], indirect=True)
 def test_kill9_of_the_daemon_takes_both_ranks_to_stock_together(rig):
     st = rig.set_eb()
     n_before = len(decisions(traces(rig)[0]))
@@ -100,6 +103,7 @@ def test_kill9_of_the_daemon_takes_both_ranks_to_stock_together(rig):
     rig.wait_policy("eb", k=4, n_max=8)  # a new daemon: steered again
 
 
+@pytest.mark.parametrize("rig", ["overlap"], indirect=True)
 def test_a_follower_fault_takes_both_ranks_to_stock_at_one_generation(rig):
     """The last test of the module: the plugin stays off afterwards. An abort of every request (the queued
     ones are answered through ``send_abort_output`` on every rank) makes the follower's hook raise. Only the
