@@ -367,7 +367,7 @@ class Tuner:
         """Switch to ``arm``; its first window will be dropped (the settling window)."""
         if arm != self.arm:
             self.arm, self.window = arm, None
-            self.settling = SETTLE_OWN if arm in (STOCK, MB) else SETTLE_EB
+            self.settling = _settle(arm)
 
     def interrupt(self) -> None:
         """Another mode runs for a moment (an eb+ probe, ``ebctl.probe``): the window in progress is lost, and
@@ -378,7 +378,7 @@ class Tuner:
         if self.trial is not None:
             self.trial.probed = True
         self.window, self._since = None, 0
-        self.settling = max(self.settling, SETTLE_OWN if self.arm in (STOCK, MB) else SETTLE_EB)
+        self.settling = max(self.settling, _settle(self.arm))
 
     def _closed(self, w: Window) -> None:
         """A window of the running arm closed: count what it cost, drop it (settling), end a trial whose challenger
@@ -529,7 +529,7 @@ class Tuner:
         which carries what the switch left behind; the usual one from the second on (stock and mb settle for
         two whole windows, 58 s each on simulated RTX PRO 6000 at c = 2,048, where mb at −10% ran for two minutes
         before its first steady window stopped it)."""
-        first = self.settling == (SETTLE_OWN if self.arm in (STOCK, MB) else SETTLE_EB)
+        first = self.settling == _settle(self.arm)
         return max(self.early_stop_bar, EARLY_STOP_SETTLING) if self.settling and first else self.early_stop_bar
 
     def budget_left(self) -> float:
@@ -727,6 +727,11 @@ class Tuner:
         w = self.window
         return {"ttft_s": self.targets.ttft_s, "tpot_s": self.targets.tpot_s, "objective": "goodput",
                 "arms": dict(self.attained), "window": w.attainment() if w is not None else math.nan}
+
+
+def _settle(arm: str) -> int:
+    """Windows dropped after a switch to ``arm`` (``SETTLE_OWN``, ``SETTLE_EB``)."""
+    return SETTLE_OWN if arm in (STOCK, MB) else SETTLE_EB
 
 
 def _attained(t: Trial) -> list[list[Any]]:
