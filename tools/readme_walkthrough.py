@@ -156,6 +156,8 @@ SECOND_SHELL: list[tuple] = [
     ("ebctl profiles", "qwen3-8b/h200"),
     ("ebctl keygen --dir {tmp}/keys --name walkthrough", "public key"),
 ]
+# what sglang logs once its warm-up request is done (srt/entrypoints/http_server.py, _wait_and_warmup)
+READY = "The server is fired up and ready to roll!"
 # `ebctl daemon` with a config file of its own, and `ebctl reload` picking up an edit of that file.
 OWN_DAEMON = "ebctl daemon --config {tmp}/ebctl.toml --runtime-dir {tmp}/rt"
 
@@ -281,8 +283,13 @@ class Walk:
                             f"{log.read_text(errors='replace')[-1500:]}")
                 return
             self.run("ebctl status", timeout=30, expect=step.expect)
+            # the engine reports before sglang's own warm-up request is done; a Ctrl-C in between makes that
+            # request print a traceback (http_server.py _execute_server_warmup): stop once the server is ready
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and READY not in log.read_text(errors="replace"):
+                time.sleep(1)
         finally:
-            self.stop(proc, log, cmd, "")
+            self.stop(proc, log, cmd, READY)
 
     def own_daemon(self) -> None:
         """The daemon alone, on a config file; edit the file, ``ebctl reload``, see the change."""
