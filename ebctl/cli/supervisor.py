@@ -214,9 +214,11 @@ class StartLock:
                              f"{run_dir}: stop it or use another --runtime-dir") from None
 
     def announce(self, refused: int = 0, said: str = "") -> None:
-        text = f"{os.getpid()}\n" + (f"refused {refused}\n{said}\n" if refused else "")
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, text.encode(errors="replace"), 0)
+        data = (f"{os.getpid()}\n" + (f"refused {refused}\n{said}\n" if refused else "")).encode(errors="replace")
+        # written over the old text, then cut to length: truncating first left the file empty for a moment, and
+        # an `ebctl reload` reading it then found no `start` (``holder``: None) and said the daemon was unreachable
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
 
     def withdraw(self) -> None:
         os.ftruncate(self.fd, 0)

@@ -151,7 +151,7 @@ def test_reload_starts_a_refused_daemon_again_through_start(rundir, tmp_path):
         os.chmod(rundir, 0o700)
         r = ebctl("reload", "--runtime-dir", rundir)
         assert r.returncode == 0 and r.stdout.startswith("reloaded"), (r.stdout, r.stderr)
-        assert status(rundir)["daemon"]["restarts"] == 3
+        assert wait_for(lambda: status(rundir), 10, "the daemon's status")["daemon"]["restarts"] == 3
         assert proc.poll() is None
         stop(proc)
     finally:
