@@ -321,9 +321,22 @@ class Rig:
                     getattr(part, how)()
 
 
+def settled_completions(rig: Rig, quiet_s: float = 1.5, timeout: float = 15.0) -> int:
+    """The daemon's completion count once it has stayed put for ``quiet_s``: longer than an idle sglang
+    scheduler's poll (1 s, ``IdleSleeper.maybe_sleep``) and the link's flush (0.1 s), so that an earlier load's
+    last completions, which ride on the next report when their step had no forward of its own, are in it."""
+    count, since, deadline = rig.daemon.engine()["completions"], time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(0.25)
+        now = rig.daemon.engine()["completions"]
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
+
+
 def check_accounting(rig: Rig, **bench_kw: Any) -> tuple[dict, list[IterationReport]]:
     """Run the client; assert the daemon counted each completion once, with the client's token sums."""
-    before = rig.daemon.engine()["completions"]
+    before = settled_completions(rig)
     mark = rig.tap.mark()
     res = rig.bench(**bench_kw)
     n = res["completed"]
@@ -333,7 +346,7 @@ def check_accounting(rig: Rig, **bench_kw: Any) -> tuple[dict, list[IterationRep
     reps = rig.tap.since(mark)
     finished = [f for r in reps for f in r.finished]
     counted = rig.daemon.engine()["completions"] - before
-    assert counted == n, f"daemon counted {counted} completions, the client completed {n}"
+    assert counted == n, f"daemon counted {counted} completions, the client completed {n} ({len(finished)} in the tap)"
     assert len(finished) == n, f"{len(finished)} completions reported, the client completed {n}"
     out_tokens = sum(f.output_len for f in finished)
     assert out_tokens == res["total_output_tokens"], (out_tokens, res["total_output_tokens"])
