@@ -49,9 +49,9 @@ budget plus one trial. One window clearly off the incumbent's reference (``early
 a slower challenger loses, even in its settling window (looked at once it has run ``window_s``, ``_peek``;
 in the first settling window only beyond ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one
 runs one more window and wins if the two windows' mean clears the bar for two (``_closed``), else the two are
-the pair's B. A faster
-challenger other than stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack`` loses
-(``_win``): throughput does not see what EB's refills cost latency (without latency targets only). The
+the pair's B. A faster challenger other than stock whose requests' TTFT p99 exceeds stock's by more than
+``ttft_slack`` loses (``_win``): throughput does not see what EB's refills cost latency (without latency targets
+only). The
 incumbent's gain against stock (``gain``), what ``ebctl status`` shows as "is it helping": its windows since it
 won against stock's last ones, or, until it has run three, the figure carried along the trials that led to it.
 

@@ -215,8 +215,7 @@ class StartLock:
 
     def announce(self, refused: int = 0, said: str = "") -> None:
         data = (f"{os.getpid()}\n" + (f"refused {refused}\n{said}\n" if refused else "")).encode(errors="replace")
-        # written over the old text, then cut to length: truncating first left the file empty for a moment, and
-        # an `ebctl reload` reading it then found no `start` (``holder``: None) and said the daemon was unreachable
+        # over the old text, then cut to length: the file is never empty, so a reader (``holder``) always finds a pid
         os.pwrite(self.fd, data, 0)
         os.ftruncate(self.fd, len(data))
 
