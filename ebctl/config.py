@@ -224,6 +224,11 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
                               "(output − 1) per request (s); 0: none (see slo_ttft_s)", 0.0, 3600),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),
     "n_override": Spec(int, "pin N (0: N̂* of Eq. 6), never above the engine's limit", 0, 1_000_000),
+    "pd_interval_override": Spec(int, "pin sglang's --prefill-decode-interval under every policy, live (after a "
+                                      "batch that prefilled, this many decode-only steps; 0: the measured search's "
+                                      "pdi arm where latency targets are set, else the engine's launch value); "
+                                      "applied by engines that report they can (the sglang plugin)", 0,
+                                 1024),  # protocol.MAX_PD_INTERVAL
 }
 
 # Keys that existed once: refused with what replaced them (a silently ignored key would change nothing).

@@ -62,7 +62,8 @@ class Controller:
         p = self.params
         n, k = pinned(p, self.n_limit, self.n_limit, math.floor(p.theta_default * self.n_limit))
         return Policy(engine_id=self.engine_id, version=version, ttl_s=p.ttl_s, mode=Mode(p.cold_mode), k=k,
-                      n_max=n, max_defer_s=p.max_defer_s or COLD_DEFER_S, reason="cold start: waiting for data")
+                      n_max=n, max_defer_s=p.max_defer_s or COLD_DEFER_S, pd_interval=p.pd_interval_override,
+                      reason="cold start: waiting for data")
 
     @property
     def tuner(self) -> Tuner:
@@ -88,7 +89,8 @@ class Controller:
     def _view(self) -> View:
         o = self.seen
         return View(self.params, self.fit, self.measured, self.n_limit, o.kv_total, self.vbar, o.mixed_unavailable,
-                    o.waiting_share.value, self.carry.updates_since_switch)
+                    o.waiting_share.value, self.carry.updates_since_switch,
+                    o.pd_interval_available and not self.params.pd_interval_override)  # pinned: no pdi arms
 
     # --- input --------------------------------------------------------------------------------------
     def observe(self, r: IterationReport) -> None:
@@ -223,10 +225,11 @@ class Controller:
             self.tuner.bind(version, Applied(arm if probe is None else PROBE, mode, k, n))
         self._published = (arm, probe)
         est = estimates(fit, theta, n, self.seen.n_obs.value, len(self.seen.window))
+        pdi = p.pd_interval_override or (self.tuner.pd_interval(arm) if arm and probe is None else 0)
         return Policy(engine_id=self.engine_id, version=version, issued_at=now, ttl_s=p.ttl_s, mode=mode, k=k,
                       n_max=n, kv_reserve_frac=kv, max_defer_s=defer_clock(p, self.seen.decode_step_s.value, k, n,
                                                                            fit.p0),
-                      reason="; ".join(reasons) or "ok", estimates=est)
+                      pd_interval=pdi, reason="; ".join(reasons) or "ok", estimates=est)
 
     def gate_status(self) -> dict:
         """The engine's gate decisions and refills (``Observed.gate_status``)."""

@@ -41,6 +41,7 @@ class Observed:
         self.group_size = 1
         self.mixed_unavailable = False
         self.mixed_reason = ""
+        self.pd_interval_available = False  # the engine applies a policy's pd_interval
         self.kv_total = 0
         self.engine_limit = 0
         self.reports = 0
@@ -84,6 +85,7 @@ class Observed:
             self.n_obs.update(float(min(r.running + r.waiting, max(cap, r.running))))
         self.mixed_unavailable = r.mixed_unavailable
         self.mixed_reason = r.mixed_unavailable_reason
+        self.pd_interval_available = r.pd_interval_available
         self.group_size = r.group_size
         if r.gate_reasons:
             self.gate_reasons = r.gate_reasons

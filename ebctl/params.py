@@ -93,6 +93,7 @@ class ControllerParams:
     slo_tpot_s: float = 0.0  # latency target, time per output token after the first (s); 0: none
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
+    pd_interval_override: int = 0  # > 0: pin sglang's prefill-decode interval under every policy (``Policy``)
 
     def tuner(self) -> TunerParams:
         return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,

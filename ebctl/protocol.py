@@ -15,6 +15,7 @@ import msgspec
 
 PROTOCOL_VERSION = 1
 MAX_SEQ = 1 << 53  # a report's seq counts iterations: beyond this it is not a counter (and not exact as a float)
+MAX_PD_INTERVAL = 1024  # decode steps between prefills a policy may ask for (sglang's own flag has no bound)
 
 
 class ProtocolError(ValueError):
@@ -73,6 +74,7 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
     mixed_unavailable: bool = False  # the engine cannot mix (mb falls back to eb): why, in the next field
     mixed_unavailable_reason: str = ""
     group_size: int = 1  # scheduler ranks that apply this engine's policy together (attention TP × CP × PP)
+    pd_interval_available: bool = False  # the engine applies a policy's pd_interval (sglang's rule)
     gate_reasons: dict[str, int] = {}  # the phase gate's decisions by reason, counted since the engine started
     finished: tuple[FinishedRequest, ...] = ()
 
@@ -113,6 +115,10 @@ class Policy(msgspec.Struct, frozen=True, tag="policy", kw_only=True):
     n_max: int = 1
     kv_reserve_frac: float = 0.0
     max_defer_s: float = 5.0
+    # sglang's --prefill-decode-interval to run under this policy: after a batch that prefilled, the next this
+    # many steps decode only (scheduler.py 1400-1426); 0: the engine's launch value. Applied where the engine
+    # reports ``pd_interval_available``.
+    pd_interval: int = 0
     reason: str = ""
     estimates: Estimates | None = None
 
@@ -255,6 +261,8 @@ def _validate_policy(p: Policy) -> None:
         raise ProtocolError(f"k={p.k}, n_max={p.n_max}: both must be >= 1")
     if not (0.0 <= p.kv_reserve_frac < 1.0):
         raise ProtocolError(f"kv_reserve_frac={p.kv_reserve_frac}: must be in [0, 1)")
+    if not 0 <= p.pd_interval <= MAX_PD_INTERVAL:
+        raise ProtocolError(f"pd_interval={p.pd_interval}: must be in [0, {MAX_PD_INTERVAL}]")
     _finite_nonneg("ttl_s", p.ttl_s)
     _finite_nonneg("max_defer_s", p.max_defer_s)
     if not math.isfinite(p.issued_at):

@@ -16,7 +16,7 @@ from ebctl.params import ControllerParams, Fit
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Mode
 from ebctl.trial import SATURATED_SHARE
-from ebctl.tuner import MB, STOCK, Tuner
+from ebctl.tuner import Tuner
 
 REACH_SHARE = 0.97  # measured EB arms: N at most this share of the batch the engine's own admission reaches
 REACH_FULL = 0.9  # ... where that batch stays below this share of the engine's limit (else it fills the limit)
@@ -34,6 +34,7 @@ class View(NamedTuple):
     mixed_unavailable: bool
     waiting_share: float  # share of recent non-idle iterations with requests waiting
     updates_since_switch: int  # eb+'s cooldown (``decide.Carry``)
+    pd_interval_available: bool = False  # the engine applies a policy's pd_interval (tuner's pdi arms)
 
 
 class Steering:
@@ -76,7 +77,8 @@ class Steering:
                     self.tuner.reset("drift of the geometric mean " + ", ".join(moved))
                     self._drift_ref = now
         self.tuner.set_context(entries=entries, allow_mb=p.mode == "eb+" and not v.mixed_unavailable,
-                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady, n=v.n_limit)
+                               prefer_mb=eq8 is Mode.MB, mu_l=mu_l, mu_o=mu_o, steady=steady, n=v.n_limit,
+                               allow_pdi=v.pd_interval_available)
 
     def want(self, now: float, v: View, costs: OnlineCosts) -> tuple[str, Mode | None]:
         """(the tuner's arm, or "" without the tuner; the mode a probe runs now, or None)."""
@@ -128,12 +130,12 @@ class Steering:
         return self.probe.decide(now, target, need.split(" ", 1)[0], cooling)
 
     def arm(self, arm: str, v: View) -> tuple[Mode, float, int, int, float]:
-        """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes
-        at its limit, EB(θ) takes N from Eq. 6 at that θ, but at most 97% of the batch the engine's own admission
-        was seen to stop at (``Tuner.reach``): sglang reserves each running request's remaining output in its
-        admission, so it can stop below Eq. 6's N, and the gate, which ends a refill only at N or at the KV
-        reserve, would then never end it (EB would run as stock). Frozen while a trial runs: the two arms it
-        compares keep the numbers they started with."""
+        """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes at its
+        limit, pdi@N is stock with its prefill-decode interval (the policy's ``pd_interval``), EB(θ) takes N from
+        Eq. 6 at that θ, but at most 97% of the batch the engine's own admission was seen to stop at (``Tuner.reach``):
+        sglang reserves each running request's remaining output in its admission, so it can stop below Eq. 6's N, and
+        the gate, which ends a refill only at N or at the KV reserve, would then never end it (EB would run as
+        stock). Frozen while a trial runs: the two arms it compares keep the numbers they started with."""
         if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
             self._arms.clear()
             self._arms_trial = self.tuner.trial_id
@@ -141,8 +143,8 @@ class Steering:
             return self._arms[arm]
         fit, p, limit = v.fit, v.params, v.n_limit
         assert fit is not None
-        if arm in (STOCK, MB):
-            out = (Mode.MB if arm == MB else Mode.OFF, math.nan, limit, 1, 0.0)
+        if not arm.startswith("eb@"):  # stock, mb, pdi@N: the engine's own rule at its limit
+            out = (self.tuner.mode(arm), math.nan, limit, 1, 0.0)
         else:
             theta = self.tuner.theta(arm)
             n = eq6(p, limit, v.kv_total, theta, fit.p0, fit.mu_l, v.vbar)
@@ -159,9 +161,12 @@ class Steering:
 
     def reason(self) -> str:
         t = self.tuner
-        where = t.incumbent if not t.incumbent.startswith("eb@") else f"theta={t.theta(t.incumbent):.3g}"
+
+        def name(arm: str) -> str:
+            return (f"theta={t.theta(arm):.3g}" if arm.startswith("eb@") else
+                    f"pd-interval={t.pd_interval(arm)}" if t.pd_interval(arm) else arm)
+
+        where = name(t.incumbent)
         if t.trial is not None:
-            ch = t.trial.challenger
-            ch = ch if not ch.startswith("eb@") else f"theta={t.theta(ch):.3g}"
-            return f"measured: trial of {ch} against {where} ({len(t.trial.rates)} windows)"
+            return f"measured: trial of {name(t.trial.challenger)} against {where} ({len(t.trial.rates)} windows)"
         return f"measured: {t.state()} at {where}"

@@ -92,6 +92,8 @@ class Window:
     peak: int = 0  # the most requests in the engine (running + waiting) in any of its iterations
     judged_tokens: int = 0  # with latency targets: output tokens of the requests judged against them
     good_tokens: int = 0  # ... of those that met every target
+    ttft_ok_tokens: int = 0  # ... of those within the TTFT target (met if not set)
+    tpot_ok_tokens: int = 0  # ... of those within the TPOT target (met if not set)
 
     def add(self, r: IterationReport, dt: float, targets: slo.Targets | None = None) -> None:
         """One iteration of ``dt`` seconds; with ``targets``, its finished requests judged against them (those
@@ -104,6 +106,8 @@ class Window:
             got = slo.tally(r.finished, targets, finish=r.wall_time, since=self.since)
             self.judged_tokens += got.judged
             self.good_tokens += got.good
+            self.ttft_ok_tokens += got.ttft_ok
+            self.tpot_ok_tokens += got.tpot_ok
         self.prefill_tokens += p
         self.decode_tokens += d
         if p + d == 0:

@@ -74,6 +74,8 @@ from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
 
 STOCK, MB = "stock", "mb"
+PDI = "pdi@"  # pdi@N: stock with sglang's --prefill-decode-interval at N (policy ``pd_interval``); targets only
+PD_FIRST, PD_MAX = 8, 32  # the interval tried first, and the largest (sglang_patch: any N; the sim sweeps 1-32)
 PROBE = "probe"  # what policy versions of an eb+ probe are bound to: no arm's, but their mode is known
 QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
@@ -117,6 +119,8 @@ class Tuner:
         self.arm = STOCK  # what should run now
         self.allow_mb = False
         self.prefer_mb = False
+        self.allow_pdi = False  # the engine applies a policy's pd_interval (``set_context``)
+        self.tpot_binds = False  # with targets: the incumbent's last steady window missed TPOT more than TTFT
         self.entries: list[str] = []  # EB arms tried first from stock or mb (the closed forms)
         self.mu_l = self.mu_o = math.nan  # the request mix a window's rate is computed for
         self.steady = False  # the controller's word that the start-up is over (no trial before)
@@ -174,14 +178,19 @@ class Tuner:
         return f"eb@{min(max(i, 0), self.top)}"
 
     def mode(self, arm: str) -> Mode:
-        return Mode.MB if arm == MB else Mode.OFF if arm == STOCK else Mode.EB
+        return Mode.MB if arm == MB else Mode.EB if arm.startswith("eb@") else Mode.OFF
+
+    @staticmethod
+    def pd_interval(arm: str) -> int:
+        """N of a ``pdi@N`` arm (the policy's ``pd_interval``); 0 for the others: the engine's launch value."""
+        return int(arm[len(PDI):]) if arm.startswith(PDI) else 0
 
     def k(self, arm: str) -> int:
         """k = ⌊θ·N⌋ of an EB arm at the engine's N (1 for stock and mb, and while N is unknown)."""
         return max(1, math.floor(self.theta(arm) * self.n + 1e-9)) if arm.startswith("eb@") and self.n else 1
 
     def set_context(self, *, entries: list[float], allow_mb: bool, prefer_mb: bool, mu_l: float = math.nan,
-                    mu_o: float = math.nan, steady: bool = True, n: int = 0) -> None:
+                    mu_o: float = math.nan, steady: bool = True, n: int = 0, allow_pdi: bool = False) -> None:
         """From each controller update: the closed-form θs (tried first from stock or mb), whether mb may run,
         whether Eq. 8 prefers it (then mb is tried first), the mean prompt and output lengths the windows'
         rates are weighed with, and the engine's N. A closed-form θ whose k would be below ``MIN_K`` enters at
@@ -190,7 +199,8 @@ class Tuner:
         prompts at once and stalls decoding while they prefill, so a large k costs TTFT and TPOT before its
         first window is measured: on the CPU server (prompts of 600 tokens, 16 slots) runs that tried the
         closed form's k = 12 had TTFT p99 9-56% above sglang alone's, runs that tried k = 2-3 only, 2%. The
-        smallest k is tried first."""
+        smallest k is tried first. ``allow_pdi``: the engine applies a policy's ``pd_interval`` (its reports
+        say so): with latency targets, the ``pdi@N`` arms may run."""
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
         arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
@@ -198,6 +208,10 @@ class Tuner:
             arms = [a if self.k(a) >= MIN_K else self._lowest() for a in arms]
         self.entries = sorted((a for a in dict.fromkeys(arms) if a), key=self.theta)  # the smallest k first
         self.prefer_mb = prefer_mb
+        if allow_pdi != self.allow_pdi:
+            self.allow_pdi = allow_pdi
+            if not allow_pdi:
+                self._drop_pdi("the engine no longer applies pd_interval")
         if allow_mb != self.allow_mb:
             self.allow_mb = allow_mb
             t = self.trial
@@ -227,15 +241,41 @@ class Tuner:
                 return f"eb@{i}"
         return ""
 
+    def _drop_pdi(self, why: str) -> None:
+        """pdi arms may no longer run: a pdi incumbent gives way to stock, a trial with one is aborted."""
+        t = self.trial
+        if self.incumbent.startswith(PDI) or (t is not None and t.challenger.startswith(PDI)):
+            if self.incumbent.startswith(PDI):
+                self.incumbent = STOCK
+            self._end_trial("aborted", why)
+
     def neighbours(self) -> list[str]:
         """The challengers of the incumbent, in the order they are tried. mb only where it differs from stock
         (the engine can mix, and does not mix on its own already). From EB(θ), a step of ``step`` grid points up
         and down, going on past points whose k equals the incumbent's (at N = 16 a quarter octave often maps
-        to the same k); a k below MIN_K is stock."""
+        to the same k); a k below MIN_K is stock.
+
+        With latency targets, on an engine that applies it, sglang's own prefill-decode interval is an arm too
+        (``pdi@N``, stock's admission with N decode-only steps after each batch that prefilled): it trades TTFT
+        for TPOT, each prefill waiting for up to N decode steps and no decode step stalled by one, which no EB
+        arm does (EB's refills stall every running request at once). From stock or mb, ``pdi@PD_FIRST`` comes
+        first where the incumbent's requests missed TPOT more often than TTFT (``tpot_binds``), last otherwise;
+        from pdi@N, N doubled and halved (below 1: stock). On the real CPU server (``--enable-mixed-chunk``,
+        TTFT ≤ 1.5 s and TPOT ≤ 20 ms) sglang alone met both for 19% of its output tokens and
+        ``--prefill-decode-interval 8`` for 97%, ``--min-free-slots-delay 4`` (sglang's EB(4)) for 53%."""
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
-            return [*([STOCK] if inc == MB else mb), *self.entries, *self._ladder()]
+            own, eb = [*([STOCK] if inc == MB else mb)], [*self.entries, *self._ladder()]
+            if not (self.targets.set and self.allow_pdi):
+                return [*own, *eb]
+            pdi = [f"{PDI}{PD_FIRST}"]
+            return [*pdi, *own, *eb] if self.tpot_binds else [*own, *eb, *pdi]
+        if inc.startswith(PDI):
+            n = self.pd_interval(inc)
+            up = f"{PDI}{2 * n}" if 2 * n <= PD_MAX else None
+            down = f"{PDI}{n // 2}" if n > 1 else STOCK
+            return [a for a in ([down, up] if self.direction < 0 else [up, down]) if a is not None]
         i, k = int(inc[3:]), self.k(inc)
 
         def other(js: range) -> str | None:  # the first grid point of js whose k differs from the incumbent's
@@ -416,6 +456,8 @@ class Tuner:
             return
         if self.targets.set:
             self.attained[w.arm] = w.attainment()
+            if w.arm == self.incumbent and w.judged_tokens:
+                self.tpot_binds = w.tpot_ok_tokens < w.ttft_ok_tokens
         if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the TTFT guard compare with
             self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
             self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
@@ -504,6 +546,9 @@ class Tuner:
         search starts again from the incumbent."""
         old, self.targets = self.targets, slo.Targets(self.p.slo_ttft_s, self.p.slo_tpot_s)
         self.reset(f"latency targets: {old.describe()} → {self.targets.describe()}")
+        if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
+            self.incumbent = STOCK
+            self._run(STOCK)
         self.ref_lns, self.attained = [], {}
         self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
@@ -624,6 +669,8 @@ class Tuner:
             old, new = t.incumbent, t.challenger
             if old.startswith("eb@") and new.startswith("eb@"):
                 self.direction = 1 if int(new[3:]) < int(old[3:]) else -1
+            elif old.startswith(PDI) and new.startswith(PDI):  # +1: a longer interval
+                self.direction = 1 if self.pd_interval(new) > self.pd_interval(old) else -1
             else:
                 self.direction = -1 if new == STOCK else 0
             self.incumbent = new
@@ -730,8 +777,9 @@ class Tuner:
 
 
 def _settle(arm: str) -> int:
-    """Windows dropped after a switch to ``arm`` (``SETTLE_OWN``, ``SETTLE_EB``)."""
-    return SETTLE_OWN if arm in (STOCK, MB) else SETTLE_EB
+    """Windows dropped after a switch to ``arm`` (``SETTLE_OWN``, ``SETTLE_EB``): a pdi arm runs the engine's own
+    admission, as stock does."""
+    return SETTLE_OWN if arm in (STOCK, MB) or arm.startswith(PDI) else SETTLE_EB
 
 
 def _attained(t: Trial) -> list[list[Any]]:

@@ -41,6 +41,7 @@ class Setup:
     group: int = 1  # schedulers that must take identical decisions (attention TP × CP × PP)
     rank: int = 0  # this scheduler's place in its group (reading.Ranks.rank)
     launch_mixed: bool | None = None  # the server's is_mixed_chunk at launch
+    launch_pd_interval: int | None = None  # the server's prefill_decode_interval at launch (None: it has none)
     mixed_reason: str = ""  # why mb cannot mix here ("" when it can)
     max_running: int = 0
     kv_total: int = 0  # the server's KV capacity in tokens (max_total_num_tokens)
@@ -53,10 +54,12 @@ class Setup:
     sched: Any = None  # the scheduler: the fail-open path's, where a hook does not have it
     channel: str = ""  # the group's follower-fault channel (group_fault.endpoint); "" alone
     mixed_unavailable: bool = field(init=False, default=False)  # bool(mixed_reason), read per report
+    pd_interval_available: bool = field(init=False, default=False)  # a policy's pd_interval applies here
     leads: bool = field(init=False, default=False)  # the source of a group of several: sends the envelope
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mixed_unavailable", bool(self.mixed_reason))
+        object.__setattr__(self, "pd_interval_available", self.launch_pd_interval is not None)
         object.__setattr__(self, "leads", self.reporting and self.group > 1)
 
 
@@ -83,6 +86,7 @@ def learn(sched: Any, cfg: Any, where: reading.Ranks) -> Setup:
     return Setup(
         engine_id=engine_id, reporting=where.source, group=where.group, rank=where.rank,
         launch_mixed=bool(sched.is_mixed_chunk),
+        launch_pd_interval=_pd_interval(sched),
         mixed_reason=reading.mixed_unavailable_reason(sched, allow_without_flag=cfg.engine.mixed_without_flag),
         max_running=int(sched.max_running_requests), kv_total=int(sched.max_total_num_tokens),
         kv_free=sched.token_to_kv_pool_allocator.available_size, kv_evictable=sched.tree_cache.evictable_size,
@@ -122,15 +126,37 @@ def start(sched: Any) -> Started:
     return Started(s, link, inbox, trace, armed)
 
 
-def restore(sched: Any, running_batch: Any, launch_mixed: bool | None, reopen: bool) -> None:
-    """sglang as launched on ``sched``: its launch mixing; with ``reopen`` (our cap or a chunk held alone may
-    have set the sticky ``batch_is_full``), admission reopened on it and on ``running_batch``, the batch being
-    planned when the failure is inside planning (not yet ``sched.running_batch``)."""
+def _pd_interval(sched: Any) -> int | None:
+    """``--prefill-decode-interval`` as this scheduler runs it (``init_chunked_prefill``, scheduler.py 1353: an
+    attribute read by ``_arm_prefill_decode_interval`` at every planned batch, 1413-1426); None where this
+    sglang has no such attribute."""
+    if not hasattr(sched, "prefill_decode_interval"):
+        return None
+    v = sched.prefill_decode_interval
+    return int(v or 0) if v is None or isinstance(v, int) else None
+
+
+def set_pd_interval(sched: Any, s: Setup, n: int) -> None:
+    """Run sglang's own prefill-decode interval at ``n`` decode steps (0: the launch value). sglang arms its
+    countdown from the attribute after each batch that prefilled and defers a prefill while it runs
+    (``_should_defer_prefill``, 1400-1411): the rule is sglang's, only its N comes from the policy."""
+    if s.launch_pd_interval is not None:
+        sched.prefill_decode_interval = n if n > 0 else s.launch_pd_interval
+
+
+def restore(sched: Any, running_batch: Any, launch_mixed: bool | None, reopen: bool,
+            launch_pd_interval: int | None = None) -> None:
+    """sglang as launched on ``sched``: its launch mixing and prefill-decode interval; with ``reopen`` (our cap
+    or a chunk held alone may have set the sticky ``batch_is_full``), admission reopened on it and on
+    ``running_batch``, the batch being planned when the failure is inside planning (not yet
+    ``sched.running_batch``)."""
     if sched is None:
         return
     try:
         if launch_mixed is not None:
             sched.is_mixed_chunk = launch_mixed
+        if launch_pd_interval is not None:
+            sched.prefill_decode_interval = launch_pd_interval
         if reopen:
             sched.running_batch.batch_is_full = False
             if running_batch is not None:
@@ -172,6 +198,7 @@ def status(st: Any, sched: Any) -> dict[str, Any]:
         "policy_version": st.version, "group_generation": st.applied_gen,
         "mode": "none" if p is None else str(p.mode), "k": p.k if p else None,
         "n_max": p.n_max if p else None, "launch_mixed_chunk": s.launch_mixed,
+        "pd_interval": getattr(sched, "prefill_decode_interval", None), "launch_pd_interval": s.launch_pd_interval,
         "is_mixed_chunk": bool(getattr(sched, "is_mixed_chunk", False)),
         "mixed_unavailable": s.mixed_unavailable, "mixed_unavailable_reason": s.mixed_reason,
         "iterations": st.iterations, "reports": st.reports, "finished": st.finished,

@@ -24,7 +24,9 @@ What is applied (docs/design.md §2, tools/sglang_cpu/HOOKS.md sections 2-6):
   otherwise ``eb``, with ``mixed_unavailable`` and its reason reported;
 - both: running requests capped at ``n_max`` in ``get_num_allocatable_reqs`` (the stock budget already
   stops at the server's ``max_running_requests``). The gate's ``admit_max`` is ``n_max − running`` in
-  every decision that allows a prefill, so capping occupancy at ``n_max`` is the same cap.
+  every decision that allows a prefill, so capping occupancy at ``n_max`` is the same cap;
+- any mode, ``off`` included: a policy's ``pd_interval`` N > 0 sets sglang's ``prefill_decode_interval`` (its
+  ``--prefill-decode-interval``: after a batch that prefilled, N decode-only steps), 0 its launch value.
 
 A fault (``fail``): a rank alone, or a group's source, switches off for good (``stop``: stock settings back,
 link closed); the source's last envelope takes every rank of its group to stock at that same iteration. A
@@ -183,7 +185,8 @@ class PluginState:
         """Back to sglang as launched: launch mixing, no cap, no gate; admission reopened if we closed it."""
         reopen = self.cap is not None or self.hold_new or self.held
         self.cap, self.gate_policy, self.hold_new, self.held = None, None, False, False
-        lifecycle.restore(sched or self.setup.sched, running_batch, self.setup.launch_mixed, reopen)
+        lifecycle.restore(sched or self.setup.sched, running_batch, self.setup.launch_mixed, reopen,
+                          self.setup.launch_pd_interval)
 
     # --- where the policy comes from ------------------------------------------------------------------
     def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
@@ -254,6 +257,8 @@ class PluginState:
             sched.is_mixed_chunk = self.gate_policy.mode is Mode.MB
             if old_cap is not None and self.cap > old_cap:
                 running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
+        # any mode: sglang's own deferral comes before the gate (``defer``); 0 puts the launch value back
+        lifecycle.set_pd_interval(sched, self.setup, 0 if p is None else p.pd_interval)
         self.version = -1 if p is None else p.version
 
     # --- get_next_batch_to_run ----------------------------------------------------------------------
@@ -456,7 +461,7 @@ class PluginState:
             running=running, waiting=waiting, kv_used=kv_used, kv_total=s.kv_total, max_running=s.max_running,
             policy_version=version, mixed_unavailable=s.mixed_unavailable, mixed_unavailable_reason=s.mixed_reason,
             group_size=s.group, gate_reasons=self._counts(seq) if seq % COUNTS_EVERY == 0 else _NO_COUNTS,
-            finished=finished))
+            pd_interval_available=s.pd_interval_available, finished=finished))
 
     def aborted(self, sched: Any, req: Any, _: Any = None) -> None:
         """A request ended outside the output stream (aborted while queued, rejected, retract failure)."""
@@ -477,7 +482,7 @@ class PluginState:
             running=len(plan.running_batch.reqs), waiting=len(sched.waiting_queue), kv_used=lifecycle.kv_used(s),
             kv_total=s.kv_total, max_running=s.max_running, policy_version=self.version,
             mixed_unavailable=s.mixed_unavailable, mixed_unavailable_reason=s.mixed_reason, group_size=s.group,
-            gate_reasons=self._counts(0), finished=finished))
+            gate_reasons=self._counts(0), pd_interval_available=s.pd_interval_available, finished=finished))
 
     def _counts(self, seq: int) -> dict:
         """The gate's decision counts for report ``seq``: cumulative, so every COUNTS_EVERY-th report carries

@@ -315,7 +315,8 @@ def gain_text(st: dict[str, Any]) -> str:
         return out + " · gain against stock: not measured (controller.theta_method is not measured)"
     tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
     inc = tu.get("incumbent", "?")
-    at = "stock" if inc == "stock" else "mb" if inc == "mb" else f"EB θ {num(tu.get('theta_incumbent'))}"
+    at = ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
+          else f"EB θ {num(tu.get('theta_incumbent'))}")
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
     gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
             if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")

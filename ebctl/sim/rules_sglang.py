@@ -116,8 +116,11 @@ class SglangEngine(Engine):
             self._prefill(batch, chunks, chunked, running_bs, 0 if hold_new else cap - running_bs, mixed_chunk,
                           now, finished)
         if chunks:
-            if cfg.prefill_decode_interval:  # _arm_prefill_decode_interval: an extend or mixed batch ran
-                self.pd_interval_remaining = cfg.prefill_decode_interval
+            # _arm_prefill_decode_interval: an extend or mixed batch ran; a policy's pd_interval replaces the
+            # launch value (sglang_patch/state.py apply, in any mode)
+            pdi = policy.pd_interval if policy is not None and policy.pd_interval else cfg.prefill_decode_interval
+            if pdi:
+                self.pd_interval_remaining = pdi
             rows = None
             if mixed_chunk and running_bs and self._decode_fits(self.dec):
                 rows = self._take_decode_pages(self.dec.copy())

@@ -122,9 +122,11 @@ def test_bad_policy_frames_are_counted_and_ignored(tmp, pub):
     pub.send(topic("e0") + b"\x93\x01garbage")  # not msgpack of a Policy
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, v=2, version=4)))  # another protocol version
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, k=0, version=5)))  # k >= 1 violated
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, pd_interval=-1, version=7)))  # pd_interval >= 0
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, pd_interval=1025, version=8)))  # <= 1024
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, engine_id="e1", version=6)))  # wrong id
     pub.send(topic("e0") + b"")
-    want = {"malformed": 2, "version": 1, "validation": 1, "engine_id": 1}
+    want = {"malformed": 2, "version": 1, "validation": 3, "engine_id": 1}
     wait_for(lambda: link.policy(time.monotonic()) and all(
         link.stats()["rejected"][k] - before[k] == n for k, n in want.items()), what=f"rejections {want}")
     assert link.policy(time.monotonic()).version == 3  # the good one is still in force

@@ -504,3 +504,36 @@ def test_v1_loads_shows_the_running_cap_in_force(st):
     frozen = SimpleNamespace()  # a snapshot the part cannot read: the hook answers sglang's, the plugin goes off
     assert hooks.loads(Original(frozen), "inquirer") is frozen
     assert not st.on and st.error == "exception in hook loads"
+
+
+def _plan_step(sched):
+    hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+
+
+def test_a_policys_pd_interval_sets_sglangs_and_every_way_out_puts_the_launch_value_back(monkeypatch):
+    """Launched with --prefill-decode-interval 2: a policy's pd_interval 8 (in any mode) sets sglang's
+    attribute to 8, 0 means the launch value, and an expired policy, a fault or a sglang without the
+    attribute leave or put back sglang's own."""
+    monkeypatch.setattr(state, "POLICY_POLL_S", 0.0)
+    s = new_state(launch_pd_interval=2)
+    monkeypatch.setattr(hooks, "STATE", s)
+    assert s.setup.pd_interval_available
+    sched = Sched(prefill_decode_interval=2)
+    for policy, want in ((eb(mode=Mode.OFF, pd_interval=8), 8), (eb(pd_interval=0), 2), (eb(pd_interval=16), 16),
+                         (None, 2), (eb(mode=Mode.MB, pd_interval=4), 4)):
+        s.link.p = policy
+        _plan_step(sched)
+        assert sched.prefill_decode_interval == want, policy
+    assert status(s, sched)["pd_interval"] == 4 and status(s, sched)["launch_pd_interval"] == 2
+    s.fault = Fault("defer_prefill")
+    hooks.defer_prefill(Original(False), sched, batch([req()] * 3))
+    assert not s.on and sched.prefill_decode_interval == 2  # the fault path restores it
+    # a sglang without the attribute: nothing set, and the reports say the engine does not apply it
+    bare = new_state()
+    monkeypatch.setattr(hooks, "STATE", bare)
+    old = Sched()
+    bare.link.p = eb(mode=Mode.OFF, pd_interval=8)
+    _plan_step(old)
+    assert not hasattr(old, "prefill_decode_interval") and not bare.setup.pd_interval_available
+    assert lifecycle._pd_interval(Sched(prefill_decode_interval=None)) == 0  # sglang's "or 0"
+    assert lifecycle._pd_interval(Sched()) is None

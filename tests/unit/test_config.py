@@ -105,3 +105,9 @@ def test_configuration_doc_is_generated_from_the_specs():
     doc = Path(__file__).resolve().parents[2] / config.REFERENCE_PATH
     assert doc.is_file() and doc.read_text() == config.reference_markdown(), (
         f"{config.REFERENCE_PATH} is stale: regenerate it with `{config.REFERENCE_COMMAND}`")
+
+
+def test_pd_interval_override_is_bounded_as_the_policy_is():
+    from ebctl.protocol import MAX_PD_INTERVAL
+
+    assert config.SPECS["controller.pd_interval_override"].hi == MAX_PD_INTERVAL

@@ -527,3 +527,17 @@ def test_eq6_margin_from_the_measured_variance():
     assert ns["measured"].n_max >= 120 and "below floor" not in ns["measured"].reason
     same = policies(geometric(rng, 0.001, 2000), rng.integers(30, 71, 2000), 10_000, 0.01, 2_000_000)
     assert same["measured"].n_max == pytest.approx(same["geometric"].n_max, rel=0.1)
+
+
+def test_a_pinned_pd_interval_is_in_every_policy_and_takes_the_pdi_arms_away():
+    """controller.pd_interval_override: the cold policy and every later one carry it; the tuner then gets no
+    pdi arms (they would all publish the same interval)."""
+    from ebctl.protocol import IterationReport
+
+    ctl = Controller(ControllerParams(pd_interval_override=6, slo_tpot_s=0.1), engine_id="e")
+    assert ctl.policy.pd_interval == 6
+    ctl.observe(IterationReport(engine_id="e", seq=0, wall_time=1.0, forward_s=0.01, kind=BatchKind.DECODE,
+                                decode_reqs=4, running=4, pd_interval_available=True))
+    assert ctl.seen.pd_interval_available and not ctl._view().pd_interval_available
+    unpinned = Controller(ControllerParams(slo_tpot_s=0.1), engine_id="e")
+    assert unpinned.policy.pd_interval == 0

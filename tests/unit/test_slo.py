@@ -296,3 +296,59 @@ def test_status_shows_the_targets_and_the_attainment_in_one_line():
     none = {**st, "slo": {"ttft_s": 0.0, "tpot_s": 0.0, "attainment": NAN}}
     assert view._targets(none) == "" and "+20.0% against stock" in view.gain_text(none)
     assert view._targets({"slo": {"ttft_s": 0.0, "tpot_s": 0.05}}) == "TPOT ≤ 50 ms"
+
+
+def _pdi_search(tpot, *, allow_pdi=True, **targets) -> Tuner:
+    """Stock at speed 1, sglang's prefill-decode interval at 0.95 (N = 8) or 0.9 (N = 16, 4), EB at 0.9; the
+    i-th request's TPOT is ``tpot(arm, i)``."""
+    t = Tuner(TunerParams(window=50, **targets))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5, allow_pdi=allow_pdi)
+    eng = Engine(t, lambda arm: {STOCK: 1.0, "pdi@8": 0.95}.get(arm, 0.9), tpot)
+    eng.run(1500)
+    return t
+
+
+def test_with_a_tpot_target_stock_tries_sglangs_prefill_decode_interval_first_and_keeps_the_best_n():
+    """TPOT ≤ 100 ms; half of stock's requests take 200 ms per token, none under pdi@8 or pdi@16, half under
+    pdi@4, all under EB. Stock missed TPOT, not TTFT, so pdi@8 is tried first: 0.95 × 1 against 1 × ½, a
+    goodput ratio of 1.9 (ln 0.64). From pdi@8 the interval doubles (16: 0.9 × 1, 5% less) and halves (4:
+    0.9 × ½): both lose, and pdi@8 stays. The policy of pdi@8 is stock's mode with pd_interval 8."""
+    t = _pdi_search(lambda arm, i: 0.2 if (arm in (STOCK, "pdi@4") or arm.startswith("eb@")) and i % 2 else 0.05,
+                    slo_tpot_s=0.1)
+    first = t.history[0]
+    assert (first["incumbent"], first["challenger"], first["decision"]) == (STOCK, "pdi@8", "win")
+    assert first["effect"] == pytest.approx(0.9, abs=0.08)
+    assert t.incumbent == "pdi@8"
+    assert {h["challenger"] for h in t.history[1:3]} == {"pdi@16", "pdi@4"}
+    assert all(h["decision"] == "lose" for h in t.history[1:])
+    assert next(h["effect"] for h in t.history if h["challenger"] == "pdi@16") == pytest.approx(0.9 / 0.95 - 1,
+                                                                                                abs=0.005)
+    assert t.mode("pdi@8") is Mode.OFF and t.pd_interval("pdi@8") == 8 and t.pd_interval(STOCK) == 0
+
+
+def test_pdi_arms_need_targets_and_an_engine_that_applies_them_and_come_last_where_ttft_binds():
+    t = Tuner(TunerParams(window=50, slo_ttft_s=1.0))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
+    assert t.neighbours()[-1] == "pdi@8" and not t.tpot_binds  # nothing measured yet: EB's entries first
+    t.tpot_binds = True
+    assert t.neighbours()[0] == "pdi@8"
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=False)  # the engine cannot
+    assert not any(a.startswith("pdi@") for a in t.neighbours())
+    plain = Tuner(TunerParams(window=50))  # no targets: the throughput search of before
+    plain.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
+    assert not any(a.startswith("pdi@") for a in plain.neighbours())
+    # from pdi@N: 2N and N/2; at 1, below it lies stock; 32 is the largest
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
+    t.incumbent = "pdi@1"
+    assert t.neighbours() == ["pdi@2", STOCK]
+    t.incumbent = "pdi@32"
+    assert t.neighbours() == ["pdi@16"]
+    # an engine that stops applying it (restarted on another sglang): back to stock
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=False)
+    assert t.incumbent == STOCK and t.arm == STOCK
+    # targets cleared under a pdi incumbent: stock, the throughput search's start
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
+    t.incumbent = t.arm = "pdi@8"
+    t.p = dataclasses.replace(t.p, slo_ttft_s=0.0)
+    t.observe(rep(BatchKind.DECODE, 1.0, decode=10))
+    assert t.incumbent == STOCK and t.arm == STOCK
