@@ -116,6 +116,8 @@ class Controller:
             self.steer.restart(Tuner(params.tuner()))
         else:
             self.tuner.p = params.tuner()
+            if params.pd_interval_override != old.pd_interval_override:  # every arm runs differently now
+                self.tuner.reset(f"pd_interval_override {old.pd_interval_override} → {params.pd_interval_override}")
         self.params = params
         self.since_update = max(self.since_update, params.update_every)  # recompute at the next update
         if self.updates == 0:  # still cold: the new settings (mode, overrides) apply at once
@@ -221,11 +223,11 @@ class Controller:
                 theta, n, k, kv = fit.theta, fit.n, fit.k, fit.kv
             mode = probe
         version = self.policy.version + 1
+        pdi = p.pd_interval_override or (self.tuner.pd_interval(arm) if arm and probe is None else 0)
         if arm:  # a probe's version is bound too, so that the tuner knows its mode (``Tuner.reach``)
-            self.tuner.bind(version, Applied(arm if probe is None else PROBE, mode, k, n))
+            self.tuner.bind(version, Applied(arm if probe is None else PROBE, mode, k, n, pdi))
         self._published = (arm, probe)
         est = estimates(fit, theta, n, self.seen.n_obs.value, len(self.seen.window))
-        pdi = p.pd_interval_override or (self.tuner.pd_interval(arm) if arm and probe is None else 0)
         return Policy(engine_id=self.engine_id, version=version, issued_at=now, ttl_s=p.ttl_s, mode=mode, k=k,
                       n_max=n, kv_reserve_frac=kv, max_defer_s=defer_clock(p, self.seen.decode_step_s.value, k, n,
                                                                            fit.p0),

@@ -68,6 +68,7 @@ class Applied(NamedTuple):
     mode: Mode
     k: int
     n_max: int
+    pd_interval: int = 0  # the policy's (0: the engine's launch value)
 
 
 @dataclass(slots=True)

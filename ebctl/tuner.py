@@ -217,7 +217,7 @@ class Tuner:
             t = self.trial
             if not allow_mb and (self.incumbent == MB or (t is not None and MB in (t.incumbent, t.challenger))):
                 if self.incumbent == MB:
-                    self.incumbent = STOCK
+                    self._to_stock()
                 self._end_trial("aborted", "mb no longer available")
 
     def _ladder(self) -> list[str]:
@@ -246,8 +246,15 @@ class Tuner:
         t = self.trial
         if self.incumbent.startswith(PDI) or (t is not None and t.challenger.startswith(PDI)):
             if self.incumbent.startswith(PDI):
-                self.incumbent = STOCK
+                self._to_stock()
             self._end_trial("aborted", why)
+
+    def _to_stock(self) -> None:
+        """The incumbent's arm can no longer run: stock becomes the incumbent, with nothing of the old one's
+        measurements (its windows' reference, its gain, the search's position around it)."""
+        self.incumbent = STOCK
+        self.ref_lns, self.tried, self.direction, self.settled = [], set(), 0, False
+        self.gain_ln, self.gain_var = 0.0, 0.0
 
     def neighbours(self) -> list[str]:
         """The challengers of the incumbent, in the order they are tried. mb only where it differs from stock
@@ -307,8 +314,10 @@ class Tuner:
         applied = self._versions.get(r.policy_version)
         if r.kind is BatchKind.MIXED and (applied is None or applied.mode is Mode.OFF):
             self.stock_mixes = True  # no policy asked for it: the engine was launched mixing
-        if r.kind is BatchKind.DECODE and r.waiting > 0 and (applied is None or applied.mode is not Mode.EB):
-            # no gate held anyone back: the engine's own admission stopped at this batch (slots or KV)
+        if r.kind is BatchKind.DECODE and r.waiting > 0 and (applied is None or (
+                applied.mode is not Mode.EB and not applied.pd_interval)):
+            # no gate held anyone back, nor sglang's prefill-decode interval: the engine's own admission stopped at
+            # this batch (slots or KV)
             self.reach = r.running if math.isnan(self.reach) else self.reach + REACH_ALPHA * (r.running - self.reach)
         w = self.window
         if applied is None or applied.arm != self.arm:  # another arm's (a transition, a probe, an expiry)
@@ -547,7 +556,7 @@ class Tuner:
         old, self.targets = self.targets, slo.Targets(self.p.slo_ttft_s, self.p.slo_tpot_s)
         self.reset(f"latency targets: {old.describe()} → {self.targets.describe()}")
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
-            self.incumbent = STOCK
+            self._to_stock()
             self._run(STOCK)
         self.ref_lns, self.attained = [], {}
         self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)

@@ -157,6 +157,8 @@ def restore(sched: Any, running_batch: Any, launch_mixed: bool | None, reopen: b
             sched.is_mixed_chunk = launch_mixed
         if launch_pd_interval is not None:
             sched.prefill_decode_interval = launch_pd_interval
+            if not launch_pd_interval:  # as launched, nothing is deferred: no countdown of ours goes on
+                sched._prefill_decode_interval_remaining = 0
         if reopen:
             sched.running_batch.batch_is_full = False
             if running_batch is not None:

@@ -370,7 +370,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     if st.get("n_limit"):
         n += f"/{num(st['n_limit'])}"
     kv = st.get("kv_reserve_frac")
-    cells = [("mode", str(st.get("mode", "—"))), ("k", num(st.get("k"))), ("N", n),
+    mode = str(st.get("mode", "—")) + (f" pdi {st['pd_interval']}" if st.get("pd_interval") else "")
+    cells = [("mode", mode), ("k", num(st.get("k"))), ("N", n),
              ("age", age(st.get("last_update_age_s"))),
              ("θ̂0", num(st.get("theta0"))), ("Δθ", num(st.get("delta_theta"), signed=True)),
              ("θ̂*", num(st.get("theta_star"))), ("N̂*", num(st.get("n_star"))),

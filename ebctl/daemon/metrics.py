@@ -73,6 +73,7 @@ class DaemonCollector(Collector):
         k_g, n_g = gauge("k", "refill threshold k (free slots)"), gauge("n_max", "batch cap N in force")
         n_obs = gauge("n_obs", "EMA of the running batch size N_obs")
         kv_g = gauge("kv_reserve_frac", "KV reserve fraction (Eq. 23)")
+        pdi_g = gauge("pd_interval", "sglang's prefill-decode interval the policy asks for (0: the launch value)")
         mode_g = gauge("mode", "1 for the mode in force, 0 for the others", "mode")
         ver_g = gauge("policy_version", "version of the current policy")
         age_g = gauge("last_report_age_seconds", "seconds since the engine's last report")
@@ -90,8 +91,8 @@ class DaemonCollector(Collector):
                         "expected time to free k slots)")
         group_g = gauge("group_size", "scheduler ranks applying this engine's policy together (TP × CP × PP)")
         arm_g = gauge("tuner_theta", "measured θ: the arm running (NaN: stock or mb) and the incumbent", "which")
-        arm_mode = gauge("tuner_arm", "measured θ: 1 for the kind of arm running (stock, mb, eb), 0 for the others",
-                         "kind")
+        arm_mode = gauge("tuner_arm", "measured θ: 1 for the kind of arm running (stock, mb, eb, pdi), 0 for the "
+                                      "others", "kind")
         trials = CounterMetricFamily(f"{PREFIX}_tuner_trials", "measured θ: trials by outcome (won, lost, aborted)",
                                      labels=["engine", "outcome"])
         probes = CounterMetricFamily(f"{PREFIX}_probes", "eb+ probes of the other mode started", labels=["engine"])
@@ -120,6 +121,7 @@ class DaemonCollector(Collector):
             n_g.add_metric([eid], pol.n_max)
             n_obs.add_metric([eid], st["n_obs"])
             kv_g.add_metric([eid], pol.kv_reserve_frac)
+            pdi_g.add_metric([eid], pol.pd_interval)
             for m in Mode:
                 mode_g.add_metric([eid, m.value], 1.0 if pol.mode is m else 0.0)
             ver_g.add_metric([eid], pol.version)
@@ -146,8 +148,8 @@ class DaemonCollector(Collector):
             if tu is not None:
                 arm_g.add_metric([eid, "arm"], tu["theta_arm"])
                 arm_g.add_metric([eid, "incumbent"], tu["theta_incumbent"])
-                kind = tu["arm"] if tu["arm"] in ("stock", "mb") else "eb"
-                for k in ("stock", "mb", "eb"):
+                kind = tu["arm"] if tu["arm"] in ("stock", "mb") else tu["arm"].split("@")[0]
+                for k in ("stock", "mb", "eb", "pdi"):
                     arm_mode.add_metric([eid, k], 1.0 if k == kind else 0.0)
                 for outcome in ("won", "lost", "aborted"):
                     trials.add_metric([eid, outcome], tu[outcome])
@@ -161,7 +163,7 @@ class DaemonCollector(Collector):
             goodput_g.add_metric([eid], slo["goodput_tok_s"])
             probes.add_metric([eid], st["probes"]["count"])
             probe_s.add_metric([eid], st["probes"]["seconds"])
-        yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
+        yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, pdi_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
                     updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s, tok_g, gain_g,
                     explore_g, slo_t, slo_a, goodput_g, arm_att)
         c = self._counters

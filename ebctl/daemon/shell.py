@@ -254,7 +254,7 @@ class Shell:
             c.policies_refused += 1
             if c.policies_refused <= 5 or c.policies_refused % 1000 == 0:
                 log.error("policy %d of engine %r not sent (%s): stock instead", pol.version, ctl.engine_id, fault)
-            pol = msgspec.structs.replace(pol, mode=Mode.OFF, k=1, n_max=1, kv_reserve_frac=0.0,
+            pol = msgspec.structs.replace(pol, mode=Mode.OFF, k=1, n_max=1, kv_reserve_frac=0.0, pd_interval=0,
                                           reason=f"stock: the daemon refused its own policy ({fault})")
         try:
             frame = eng.topic + encode(pol)

@@ -343,12 +343,26 @@ def test_pdi_arms_need_targets_and_an_engine_that_applies_them_and_come_last_whe
     assert t.neighbours() == ["pdi@2", STOCK]
     t.incumbent = "pdi@32"
     assert t.neighbours() == ["pdi@16"]
-    # an engine that stops applying it (restarted on another sglang): back to stock
+    # an engine that stops applying it (restarted on another sglang): back to stock, nothing of pdi's kept
+    t.ref_lns, t.gain_ln, t.gain_var, t.tried = [7.0] * 4, 0.64, 0.01, {"pdi@16"}
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=False)
     assert t.incumbent == STOCK and t.arm == STOCK
+    assert t.ref_lns == [] and t.gain()["vs_stock"] == 0.0 and not t.tried
     # targets cleared under a pdi incumbent: stock, the throughput search's start
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
     t.incumbent = t.arm = "pdi@8"
     t.p = dataclasses.replace(t.p, slo_ttft_s=0.0)
     t.observe(rep(BatchKind.DECODE, 1.0, decode=10))
     assert t.incumbent == STOCK and t.arm == STOCK
+
+
+def test_a_pdi_arms_decode_only_steps_do_not_count_as_where_the_engines_admission_stops():
+    """``Tuner.reach`` (the batch stock's admission stops at, which caps EB arms' N) learns from decode steps with
+    requests waiting under stock; under a pdi arm those steps are sglang's interval holding prefills back."""
+    t = Tuner(TunerParams(window=50, slo_tpot_s=0.1))
+    t.bind(1, Applied("pdi@8", Mode.OFF, 1, 100, 8))
+    t.bind(2, Applied(STOCK, Mode.OFF, 1, 100))
+    t.observe(rep(BatchKind.DECODE, 1.0, decode=40, running=40, waiting=20, version=1))
+    assert math.isnan(t.reach)
+    t.observe(rep(BatchKind.DECODE, 2.0, decode=90, running=90, waiting=20, version=2))
+    assert t.reach == 90
