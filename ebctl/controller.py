@@ -90,7 +90,8 @@ class Controller:
         o = self.seen
         return View(self.params, self.fit, self.measured, self.n_limit, o.kv_total, self.vbar, o.mixed_unavailable,
                     o.waiting_share.value, self.carry.updates_since_switch,
-                    o.pd_interval_available and not self.params.pd_interval_override)  # pinned: no pdi arms
+                    o.pd_interval_available and not self.params.pd_interval_override,  # pinned: no pdi arms
+                    o.n_obs.value)
 
     # --- input --------------------------------------------------------------------------------------
     def observe(self, r: IterationReport) -> None:

@@ -35,6 +35,7 @@ class View(NamedTuple):
     waiting_share: float  # share of recent non-idle iterations with requests waiting
     updates_since_switch: int  # eb+'s cooldown (``decide.Carry``)
     pd_interval_available: bool = False  # the engine applies a policy's pd_interval (tuner's pdi arms)
+    n_obs: float = math.nan  # Eq. 8's N_obs: requests in the engine (running + waiting), up to its limit
 
 
 class Steering:
@@ -62,9 +63,15 @@ class Steering:
         ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
         full and the engine has turned its batch over twice: until then the requests that finished first,
         the short ones, weigh too much; the tuner starts no trial before then either (a server that has just
-        started measures its start, not its steady state)."""
+        started measures its start, not its steady state). The batch is the engine's N; with latency targets, what
+        the engine held (N_obs, running + waiting up to N), if less: with targets the search runs below saturation
+        too, and 256 clients on 1,024 slots turn their batch over in 256 completions, not 1,024 (simulated RTX PRO
+        6000, azure-conv: the first trial came after 2,448 completions, 324 s of a 1,740-s run)."""
         p = v.params
-        steady = len(window) >= p.window and completions >= p.window + 2 * v.n_limit
+        batch = v.n_limit
+        if (p.slo_ttft_s > 0 or p.slo_tpot_s > 0) and v.n_obs >= 1:
+            batch = min(batch, math.ceil(v.n_obs))
+        steady = len(window) >= p.window and completions >= p.window + 2 * batch
         if steady:
             now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (window.inputs(), window.outputs()))
             ref = self._drift_ref

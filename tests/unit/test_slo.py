@@ -366,3 +366,24 @@ def test_a_pdi_arms_decode_only_steps_do_not_count_as_where_the_engines_admissio
     assert math.isnan(t.reach)
     t.observe(rep(BatchKind.DECODE, 2.0, decode=90, running=90, waiting=20, version=2))
     assert t.reach == 90
+
+
+@pytest.mark.parametrize(("targets", "n_obs", "needed"), [
+    ({"slo_tpot_s": 0.1}, 256.0, 400 + 2 * 256),  # with targets: the batch the engine held, 256 of 1,024 slots
+    ({}, 256.0, 400 + 2 * 1024),  # without: the engine's N, as the tables in docs/results were measured
+    ({"slo_tpot_s": 0.1}, math.nan, 400 + 2 * 1024),  # nothing seen yet: N
+])
+def test_the_search_waits_for_two_turnovers_of_the_batch_the_engine_holds(targets, n_obs, needed):
+    from ebctl.estimate import LengthWindow
+    from ebctl.probe import ModeProbe
+    from ebctl.steer import Steering, View
+
+    params = ControllerParams(tune_window=400, window=400, **targets)
+    steer = Steering(Tuner(params.tuner()), ModeProbe())
+    window = LengthWindow(400)
+    for _ in range(400):
+        window.append(100, 10)
+    view = View(params, None, True, 1024, 10**6, None, False, 1.0, 0, True, n_obs)
+    for completions, steady in ((needed - 1, False), (needed, True)):
+        steer.context(view, window, completions, 100.0, 10.0, [0.4], Mode.EB)
+        assert steer.tuner.steady is steady, completions
