@@ -35,25 +35,24 @@ admission state takes longer (sglang's new_token_ratio, decayed to its floor und
 than it can keep until a retraction backs it off). The iterations between a switch and the new arm's first
 cycle belong to neither arm.
 
-**Ledger**: exploring costs throughput, and on a slow server (the CPU server's windows take 10-27 s) a trial
-runs for minutes. Every window a challenger runs, and every settling window, costs its seconds × (1 − its rate
-/ the incumbent's reference rate); the reference is the geometric mean of the incumbent's last ``REF_WINDOWS``
-steady windows, not its last one. Two sums: ``explore_net_s``, the estimate ``ebctl status`` shows, counts the
-windows that ran ahead as negative costs, so that noise cancels; ``explore_s``, the bound the budget holds,
-counts the slower windows only, so that it cannot be paid for by a lucky window: on the CPU server stock's
-10-s windows ran from −15% to +15% around their mean, and a challenger as fast as the incumbent adds about
-0.4 sd of that noise per window to it (3.6-8.2% of the run on the real server, where the net figure is the one
-to read). A trial starts only while the bound is under
-``explore_budget`` of the time since the first report (``budget_left``): the share given up stays within the
-budget plus one trial. One window clearly off the incumbent's reference (``early_stop_bar``) decides a trial at once:
-a slower challenger loses, even in its settling window (looked at once it has run ``window_s``, ``_peek``;
-in the first settling window only beyond ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one
-runs one more window and wins if the two windows' mean clears the bar for two (``_closed``), else the two are
-the pair's B. A faster challenger other than stock whose requests' TTFT p99 exceeds stock's by more than
-``ttft_slack`` loses (``_win``): throughput does not see what EB's refills cost latency (without latency targets
-only). The
-incumbent's gain against stock (``gain``), what ``ebctl status`` shows as "is it helping": its windows since it
-won against stock's last ones, or, until it has run three, the figure carried along the trials that led to it.
+**Ledger**: exploring costs throughput, and on a slow server (the CPU server's windows take 10-27 s) a trial runs
+for minutes. Every window a challenger runs, and every settling window, costs its seconds × (1 − its rate / the
+incumbent's reference rate); the reference is the geometric mean of the incumbent's last ``REF_WINDOWS`` steady
+windows, not its last one. Two sums: ``explore_net_s``, the estimate ``ebctl status`` shows, counts the windows that
+ran ahead as negative costs (each at most its own seconds), so that noise cancels; ``explore_s``, the bound the
+budget holds, counts the slower windows only, so that it cannot be paid for by a lucky window: on the CPU server
+stock's 10-s windows ran from −15% to +15% around their mean, and a challenger as fast as the incumbent adds about
+0.4 sd of that noise per window to it (3.6-8.2% of the run on the real server, where the net figure is the one to
+read). A trial starts only while the bound is under ``explore_budget`` of the time since the first report
+(``budget_left``): the share given up stays within the budget plus one trial. One window clearly off the incumbent's
+reference (``early_stop_bar``) decides a trial at once: a slower challenger loses, even in its settling window
+(looked at once it has run ``window_s``, ``_peek``; in the first settling window only beyond
+``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and wins if the two
+windows' mean clears the bar for two (``_closed``), else the two are the pair's B. A faster challenger other than
+stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack`` loses (``_win``): throughput does not see
+what EB's refills cost latency (without latency targets only). The incumbent's gain against stock (``gain``), what
+``ebctl status`` shows as "is it helping": its windows since it won against stock's last ones, or, until it has run
+three, the figure carried along the trials that led to it.
 
 **Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
 dropped, the search starts again from the incumbent with its largest step.
@@ -444,7 +443,9 @@ class Tuner:
                 self.explore_run_s += w.seconds
             if math.isfinite(ln - ref) and self._counts(w):
                 self.explore_s -= w.seconds * min(math.expm1(ln - ref), 0.0)
-                self.explore_net_s -= w.seconds * math.expm1(ln - ref)
+                # a window gains at most its own seconds: with latency targets a challenger can be worth 40× the
+                # incumbent (goodput), and the share shown would read "exploring gained 1,000% of the run"
+                self.explore_net_s -= w.seconds * min(math.expm1(ln - ref), 1.0)
         elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
         if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():

@@ -193,16 +193,23 @@ def summarize(records: Sequence[dict[str, Any]], hist: Sequence[float], res: flo
     }
 
 
-def goodput(records: Sequence[dict[str, Any]], duration: float, slo: tuple[float, float]) -> dict[str, float]:
+def goodput(records: Sequence[dict[str, Any]], duration: float, slo: tuple[float, float],
+            last: float = math.nan) -> dict[str, float]:
     """Goodput at the operator's targets ``slo`` = (TTFT s, TPOT s): the output tokens of the requests that
     completed with TTFT ≤ the first and TPOT ≤ the second (a one-token request has no TPOT: its TTFT alone),
     per second of load (``duration``; requests in flight at its end count when they completed in the drain),
-    and ``attained``: their share of the requests sent (a failed or unfinished request misses)."""
+    and ``attained``: their share of the requests sent (a failed or unfinished request misses). With ``last``,
+    also ``goodput_last_tok_s``: the same over the last ``last`` seconds, the requests that ended from then on
+    (a run's learning is over by then, as for its last part's throughput)."""
     ttft_s, tpot_s = slo
     good = [r for r in records if r["status"] == "ok" and r["ttft"] is not None and r["ttft"] <= ttft_s
             and (r["tpot"] is None or math.isnan(r["tpot"]) or r["tpot"] <= tpot_s)]  # NaN: None read back
-    return {"goodput_tok_s": sum(r["tokens"] for r in good) / duration,
-            "attained": len(good) / len(records) if records else math.nan}
+    out = {"goodput_tok_s": sum(r["tokens"] for r in good) / duration,
+           "attained": len(good) / len(records) if records else math.nan}
+    if last > 0:
+        since = duration - min(last, duration)
+        out["goodput_last_tok_s"] = sum(r["tokens"] for r in good if r["end"] >= since) / (duration - since)
+    return out
 
 
 def parse_slo(text: str) -> tuple[float, float]:
@@ -614,18 +621,19 @@ def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: flo
     :func:`goodput` from each run's records (over ``duration`` s of load) and its ratio to the baseline's."""
     done = [r for r in runs if "summary" in r]
     if slo is not None:
-        done = [{**r, "summary": {**r["summary"], **goodput(r.get("records") or [], duration, slo)}} for r in done]
+        done = [{**r, "summary": {**r["summary"], **goodput(r.get("records") or [], duration, slo, last)}}
+                for r in done]
     by = {n: [r["summary"] for r in done if r["config"] == n] for n in names}
     base_all = [s["tok_s"] for s in by[baseline]]
     base_last = [s["tok_s_last"] for s in by[baseline]]
     good_cols = (f" goodput tok/s (TTFT ≤ {slo[0]:g} s, TPOT ≤ {slo[1] * 1e3:g} ms) | attained | goodput ratio "
-                 "[95%] |" if slo else "")
+                 "[95%] | goodput, last part [95%] |" if slo else "")
     rows = [f"| configuration | runs | out tok/s | last {last:.0f} s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | "
             f"TPOT p99 ms | completed | failed | ratio to {baseline} [95%] | last part [95%] |{good_cols}",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if slo else "")]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if slo else "")]
     summary: dict[str, Any] = {}
     keys = ("tok_s", "tok_s_last", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-            *(("goodput_tok_s", "attained") if slo else ()))
+            *(("goodput_tok_s", "attained", "goodput_last_tok_s") if slo else ()))
     for n in names:
         ss = by[n]
         med = {k: (statistics.median(v) if (v := [s[k] for s in ss if not math.isnan(s[k])]) else math.nan)
@@ -646,9 +654,12 @@ def table(names: list[str], runs: list[dict[str, Any]], baseline: str, last: flo
                f"{r(ratio)} | {r(ratio_last)} |")
         if slo:
             g = bootstrap_ratio([s["goodput_tok_s"] for s in ss], [s["goodput_tok_s"] for s in by[baseline]])
-            summary[n].update(goodput_runs=[s["goodput_tok_s"] for s in ss], goodput_ratio=g)
+            g_last = bootstrap_ratio([s["goodput_last_tok_s"] for s in ss],
+                                     [s["goodput_last_tok_s"] for s in by[baseline]])
+            summary[n].update(goodput_runs=[s["goodput_tok_s"] for s in ss], goodput_ratio=g,
+                              goodput_last_runs=[s["goodput_last_tok_s"] for s in ss], goodput_ratio_last=g_last)
             att = "-" if math.isnan(med["attained"]) else f"{med['attained']:.1%}"
-            row += f" {fmt(med['goodput_tok_s'])} | {att} | {r(g)} |"
+            row += f" {fmt(med['goodput_tok_s'])} | {att} | {r(g)} | {r(g_last)} |"
         rows.append(row)
     return "\n".join(rows), summary
 

@@ -151,6 +151,14 @@ def test_goodput_counts_the_tokens_of_requests_within_both_targets(ab):
     # --from-json reads a one-token request's TPOT (None in the JSON) back as NaN: still TTFT alone
     back = [{**r, "tpot": math.nan if r["tpot"] is None else r["tpot"]} for r in recs]
     assert ab.goodput(back, 10.0, (1.0, 0.05)) == g
+    # the last 4 of 10 s: the good requests that ended from 6 s on (the 10-token one at 7 s; the one-token one
+    # at 5 s does not count; one that ended in the drain, at 11 s, does): 10 + 3 tokens over 4 s
+    ends = [7.0, 2.0, 8.0, 5.0, 9.0, None]
+    timed = [{**r, "end": e} for r, e in zip(recs, ends, strict=True)]
+    timed.append({"status": "ok", "ttft": 0.3, "tpot": 0.01, "tokens": 3, "end": 11.0})
+    got = ab.goodput(timed, 10.0, (1.0, 0.05), last=4.0)
+    assert got["goodput_last_tok_s"] == pytest.approx((10 + 3) / 4.0)
+    assert got["goodput_tok_s"] == pytest.approx((10 + 1 + 3) / 10.0)
 
 
 def test_slo_option_and_the_goodput_columns(ab):
@@ -160,8 +168,8 @@ def test_slo_option_and_the_goodput_columns(ab):
             ab.parse_slo(bad)
     # two configurations, one run each: alone's good tokens 40 of 10 s, ebctl's 60: goodput ratio 1.5
     def run(name, good_tokens):
-        recs = [{"status": "ok", "ttft": 0.1, "tpot": 0.01, "tokens": good_tokens},
-                {"status": "ok", "ttft": 9.0, "tpot": 0.01, "tokens": 100}]
+        recs = [{"status": "ok", "ttft": 0.1, "tpot": 0.01, "tokens": good_tokens, "end": 6.0},
+                {"status": "ok", "ttft": 9.0, "tpot": 0.01, "tokens": 100, "end": 7.0}]
         summary = {"tok_s": 14.0, "tok_s_last": 14.0, "ttft_p50": 0.1, "ttft_p99": 9.0, "tpot_p50": 0.01,
                    "tpot_p99": 0.01, "completed": 2, "failed": 0, "unfinished": 0}
         return {"config": name, "summary": summary, "records": recs}
@@ -169,7 +177,8 @@ def test_slo_option_and_the_goodput_columns(ab):
                              slo=(1.0, 0.05), duration=10.0)
     assert summary["ebctl"]["goodput_tok_s"] == 6.0 and summary["ebctl"]["attained"] == 0.5
     assert summary["ebctl"]["goodput_ratio"][0] == pytest.approx(1.5)
-    assert "TTFT ≤ 1 s, TPOT ≤ 50 ms" in text.splitlines()[0] and "| 50.0% | 1.500 [1.500, 1.500] |" in text
+    assert "TTFT ≤ 1 s, TPOT ≤ 50 ms" in text.splitlines()[0]
+    assert "| 50.0% | 1.500 [1.500, 1.500] | 1.500 [1.500, 1.500] |" in text  # the good ones ended in the last 5 s
     plain, _ = ab.table(["alone"], [run("alone", 40)], "alone", 5.0)
     assert "goodput" not in plain
 

@@ -387,3 +387,17 @@ def test_the_search_waits_for_two_turnovers_of_the_batch_the_engine_holds(target
     for completions, steady in ((needed - 1, False), (needed, True)):
         steer.context(view, window, completions, 100.0, 10.0, [0.4], Mode.EB)
         assert steer.tuner.steady is steady, completions
+
+
+def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
+    """The net ledger shown in status: a challenger window worth 40× the incumbent's reference (goodput under
+    targets) over 10 s gains 10 s, not 390 s."""
+    t = Tuner(TunerParams(window=50, slo_tpot_s=0.1))
+    t.ref_lns, t.incumbent, t.arm = [math.log(100.0)] * 3, STOCK, "pdi@8"
+    w = Window("pdi@8", 0.0)
+    w.add(rep(BatchKind.DECODE, 10.0, decode=4000, finished=[FinishedRequest(10, 5, "stop", 0.1, 0.01)] * 50),
+          10.0, slo.Targets(0.0, 0.1))
+    w.end = 10.0
+    t._value = lambda _w: 4000.0  # its worth: 40× the reference
+    t._closed(w)
+    assert t.explore_net_s == pytest.approx(-10.0) and t.explore_s == 0.0
