@@ -128,11 +128,10 @@ PLAN: dict[str, Step] = {
         Step("skip", "the real sglang CPU server, six fresh servers of 8 minutes each (about an hour)"),
     "python tools/sim_cold.py": Step("run", timeout=1800, expect="worst default / best static", slow=True,
                                      why=SLOW.format(s="about 6 minutes of simulation")),
-    "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs alone,mfsd=4,pdi=8,ebctl --runs 2 "
-    "--duration 420 --last 210 --json ab.json":
-        Step("skip", "the real sglang CPU server, eight fresh servers of 7 minutes each (about an hour)"),
-    "python tools/ab_real.py --from-json ab.json --slo 1.0,0.025":
-        Step("skip", "re-reports the A/B above: needs its ab.json"),
+    "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs "
+    "'alone,mfsd=4,pdi=8,ebctl:controller.slo_ttft_s=1;controller.slo_tpot_s=0.015' --runs 2 --duration 480 "
+    "--last 240 --slo 1,0.015":
+        Step("skip", "the real sglang CPU server, eight fresh servers of 8 minutes each (about 70 minutes)"),
     "python tools/sim_knobs.py": Step("run", timeout=1200, expect="Lowest default / best static", slow=True,
                                       why=SLOW.format(s="about 7 minutes of simulation (648 runs)")),
 }
