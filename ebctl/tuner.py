@@ -200,6 +200,13 @@ class Tuner:
         closed form's k = 12 had TTFT p99 9-56% above sglang alone's, runs that tried k = 2-3 only, 2%. The
         smallest k is tried first. ``allow_pdi``: the engine applies a policy's ``pd_interval`` (its reports
         say so): with latency targets, the ``pdi@N`` arms may run."""
+        if steady and not self.steady and self.targets.set:
+            # With targets the windows before the start-up's end judged the first burst's latencies (c requests
+            # arriving at once): their goodput is not the incumbent's steady state, and one of them sets the bars.
+            # On simulated H200 (balanced, c = 256, TTFT ≤ 30 ms) the first window's was 183 tok/s against
+            # 11,000-16,000 after: a window sd of 1.8 in ln, a bar of 4.1, and an mb trial at 1/80 of stock's goodput
+            # ran on for a minute. The trials then wait for MIN_REF windows of the steady state.
+            self.ref_lns, self.stock_lns, self.stock_ttfts = [], [], []
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
         arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
