@@ -401,3 +401,18 @@ def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
     t._value = lambda _w: 4000.0  # its worth: 40× the reference
     t._closed(w)
     assert t.explore_net_s == pytest.approx(-10.0) and t.explore_s == 0.0
+
+
+def test_with_targets_the_start_ups_windows_leave_the_reference_once_it_is_over():
+    """A window judged during the start-up (the first burst's queue: 183 tok/s of goodput against 11,000-16,000
+    after, on simulated H200) would widen the bars to let a challenger at 1/80 of stock run on; with targets the
+    reference starts again when the controller says the start-up is over. Without targets nothing is dropped."""
+    for targets, kept in (({"slo_ttft_s": 0.03}, []), ({}, [5.0, 9.5, 9.6])):
+        t = Tuner(TunerParams(window=50, **targets))
+        t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, steady=False)
+        t.ref_lns = t.stock_lns = [5.0, 9.5, 9.6]
+        t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, steady=True)
+        assert t.ref_lns == kept and t.stock_lns == kept
+        t.ref_lns = [9.5, 9.6, 9.7]
+        t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, steady=True)  # once only
+        assert t.ref_lns == [9.5, 9.6, 9.7]
