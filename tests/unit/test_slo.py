@@ -416,3 +416,12 @@ def test_with_targets_the_start_ups_windows_leave_the_reference_once_it_is_over(
         t.ref_lns = [9.5, 9.6, 9.7]
         t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, steady=True)  # once only
         assert t.ref_lns == [9.5, 9.6, 9.7]
+
+
+def test_status_names_a_pdi_incumbent_and_its_interval():
+    from ebctl.cli import view
+
+    st = {"slo": {"ttft_s": 1.0, "tpot_s": 0.015}, "output_tok_s": 963.0, "mode": "off", "pd_interval": 8,
+          "tuner": {"incumbent": "pdi@8", "theta_incumbent": NAN, "trials": 2},
+          "gain": {"vs_stock": 2.1, "low": 1.3, "high": 3.3, "explore_share": -0.2, "elapsed_s": 480.0}}
+    assert "pd-interval 8: +210.0% goodput against stock [+130.0%, +330.0%]" in view.gain_text(st)
