@@ -152,6 +152,7 @@ def test_metrics_registry_reads_the_controllers(inproc_daemon):
     est = pol.estimates
     assert reg.get_sample_value("ebctl_k", lab) == pol.k
     assert reg.get_sample_value("ebctl_n_max", lab) == pol.n_max
+    assert reg.get_sample_value("ebctl_pd_interval", lab) == pol.pd_interval == 0  # no targets: the launch value
     for name in ("theta_star", "theta0", "p0", "mu_o", "mu_l", "n_star"):
         assert reg.get_sample_value(f"ebctl_{name}", lab) == pytest.approx(getattr(est, name)), name
     assert reg.get_sample_value("ebctl_mode", {**lab, "mode": "eb"}) == 1.0
