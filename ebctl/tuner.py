@@ -279,7 +279,7 @@ class Tuner:
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
-            own, eb = [*([STOCK] if inc == MB else mb)], [*self.entries, *self._ladder()]
+            own, eb = [STOCK] if inc == MB else mb, [*self.entries, *self._ladder()]
             if not (self.targets.set and self.allow_pdi):
                 return [*own, *eb]
             pdi = [f"{PDI}{PD_FIRST}"]
