@@ -136,29 +136,33 @@ def _pd_interval(sched: Any) -> int | None:
     return int(v or 0) if v is None or isinstance(v, int) else None
 
 
-def set_pd_interval(sched: Any, s: Setup, n: int) -> None:
+def set_pd_interval(sched: Any, launch: int | None, n: int) -> None:
     """Run sglang's own prefill-decode interval at ``n`` decode steps (0: the launch value). sglang arms its
     countdown from the attribute after each batch that prefilled and defers a prefill while it runs
-    (``_should_defer_prefill``, 1400-1411): the rule is sglang's, only its N comes from the policy."""
-    if s.launch_pd_interval is not None:
-        sched.prefill_decode_interval = n if n > 0 else s.launch_pd_interval
+    (``_should_defer_prefill``, 1400-1411): the rule is sglang's, only its N comes from the policy. Written only
+    when N changes: the daemon re-sends a policy every ``republish_s``, and a re-sent N must leave a countdown
+    running. Back to an interval of 0, the countdown stops too (sglang would run out the old one)."""
+    if launch is None:
+        return
+    v = n if n > 0 else launch
+    if sched.prefill_decode_interval != v:
+        sched.prefill_decode_interval = v
+        if not v:
+            sched._prefill_decode_interval_remaining = 0
 
 
 def restore(sched: Any, running_batch: Any, launch_mixed: bool | None, reopen: bool,
-            launch_pd_interval: int | None = None) -> None:
-    """sglang as launched on ``sched``: its launch mixing and prefill-decode interval; with ``reopen`` (our cap
-    or a chunk held alone may have set the sticky ``batch_is_full``), admission reopened on it and on
-    ``running_batch``, the batch being planned when the failure is inside planning (not yet
-    ``sched.running_batch``)."""
+            launch_pd_interval: int | None = None, pd_interval: int = 0) -> None:
+    """sglang as launched on ``sched``: its launch mixing and prefill-decode interval (``pd_interval`` > 0: that
+    interval instead, for a policy of mode off that sets one); with ``reopen`` (our cap or a chunk held alone may
+    have set the sticky ``batch_is_full``), admission reopened on it and on ``running_batch``, the batch being
+    planned when the failure is inside planning (not yet ``sched.running_batch``)."""
     if sched is None:
         return
     try:
         if launch_mixed is not None:
             sched.is_mixed_chunk = launch_mixed
-        if launch_pd_interval is not None:
-            sched.prefill_decode_interval = launch_pd_interval
-            if not launch_pd_interval:  # as launched, nothing is deferred: no countdown of ours goes on
-                sched._prefill_decode_interval_remaining = 0
+        set_pd_interval(sched, launch_pd_interval, pd_interval)
         if reopen:
             sched.running_batch.batch_is_full = False
             if running_batch is not None:

@@ -181,12 +181,13 @@ class PluginState:
         lifecycle.close(self.link, self.inbox, self.outbox)
         lifecycle.note(self.trace, it=self.iterations, off=why, gen=self.gen + 1 if self.farewell else self.applied_gen)
 
-    def unapply(self, running_batch: Any = None, sched: Any = None) -> None:
-        """Back to sglang as launched: launch mixing, no cap, no gate; admission reopened if we closed it."""
+    def unapply(self, running_batch: Any = None, sched: Any = None, pd_interval: int = 0) -> None:
+        """Back to sglang as launched: launch mixing, no cap, no gate; admission reopened if we closed it. Its
+        prefill-decode interval too, unless a policy of mode off sets one (``pd_interval`` > 0: pdi@N)."""
         reopen = self.cap is not None or self.hold_new or self.held
         self.cap, self.gate_policy, self.hold_new, self.held = None, None, False, False
         lifecycle.restore(sched or self.setup.sched, running_batch, self.setup.launch_mixed, reopen,
-                          self.setup.launch_pd_interval)
+                          self.setup.launch_pd_interval, pd_interval)
 
     # --- where the policy comes from ------------------------------------------------------------------
     def refresh(self, sched: Any, now: float, running_batch: Any = None) -> None:
@@ -247,7 +248,7 @@ class PluginState:
             self.policy = p
         old_cap = self.cap
         if p is None or p.mode is Mode.OFF:
-            self.unapply(running_batch, sched)
+            self.unapply(running_batch, sched, 0 if p is None else p.pd_interval)
         else:
             mb_fallback = p.mode is Mode.MB and self.setup.mixed_unavailable
             self.gate_policy = msgspec.structs.replace(p, mode=Mode.EB) if mb_fallback else p
@@ -257,8 +258,8 @@ class PluginState:
             sched.is_mixed_chunk = self.gate_policy.mode is Mode.MB
             if old_cap is not None and self.cap > old_cap:
                 running_batch.batch_is_full = False  # sticky flag: a raised cap must reopen admission
-        # any mode: sglang's own deferral comes before the gate (``defer``); 0 puts the launch value back
-        lifecycle.set_pd_interval(sched, self.setup, 0 if p is None else p.pd_interval)
+            # eb and mb too: sglang's own deferral comes before the gate (``defer``); 0: the launch value
+            lifecycle.set_pd_interval(sched, self.setup.launch_pd_interval, p.pd_interval)
         self.version = -1 if p is None else p.version
 
     # --- get_next_batch_to_run ----------------------------------------------------------------------

@@ -537,3 +537,25 @@ def test_a_policys_pd_interval_sets_sglangs_and_every_way_out_puts_the_launch_va
     assert not hasattr(old, "prefill_decode_interval") and not bare.setup.pd_interval_available
     assert lifecycle._pd_interval(Sched(prefill_decode_interval=None)) == 0  # sglang's "or 0"
     assert lifecycle._pd_interval(Sched()) is None
+
+
+def test_a_resent_policy_leaves_sglangs_countdown_running(monkeypatch):
+    """The daemon re-sends its policy every republish_s: an equal policy, a new object. Launched with no interval,
+    pdi@8 (mode off, pd_interval 8) re-sent while sglang's countdown has 5 decode steps left keeps them (a reset
+    let a prefill in right after one, as the real server showed); back to an interval of 0, in mode off or eb,
+    the countdown stops with it."""
+    monkeypatch.setattr(state, "POLICY_POLL_S", 0.0)
+    s = new_state(launch_pd_interval=0)
+    monkeypatch.setattr(hooks, "STATE", s)
+    sched = Sched(prefill_decode_interval=0, _prefill_decode_interval_remaining=0)
+    for back in (eb(mode=Mode.OFF, pd_interval=0), eb(pd_interval=0)):
+        s.link.p = eb(mode=Mode.OFF, pd_interval=8)
+        _plan_step(sched)
+        assert sched.prefill_decode_interval == 8
+        sched._prefill_decode_interval_remaining = 5  # sglang armed it after a prefill and ran 3 decode steps
+        s.link.p = eb(mode=Mode.OFF, pd_interval=8)  # re-sent
+        _plan_step(sched)
+        assert s.policy is s.link.p and sched._prefill_decode_interval_remaining == 5
+        s.link.p = back
+        _plan_step(sched)
+        assert (sched.prefill_decode_interval, sched._prefill_decode_interval_remaining) == (0, 0), back
