@@ -701,7 +701,7 @@ def report(doc: dict[str, Any], command: str) -> str:
     st = doc["settings"]
     names, runs = doc["configs"], doc["runs"]
     baseline = st["baseline"] if isinstance(st.get("baseline"), str) and st["baseline"] else names[0]
-    slo = tuple(st["slo"]) if isinstance(st.get("slo"), list) else None  # no targets: None, read back as NaN
+    slo = tuple(st["slo"]) if isinstance(st.get("slo"), (list, tuple)) else None  # a live run: a tuple; JSON: a list
     text, _ = table(names, runs, baseline, st["last"], slo=slo, duration=st["duration"])
     width = max(len(n) for n in names)
     placed = ("the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else

@@ -181,6 +181,16 @@ def test_slo_option_and_the_goodput_columns(ab):
     assert "| 50.0% | 1.500 [1.500, 1.500] | 1.500 [1.500, 1.500] |" in text  # the good ones ended in the last 5 s
     plain, _ = ab.table(["alone"], [run("alone", 40)], "alone", 5.0)
     assert "goodput" not in plain
+    # the record --report writes: a live run's settings hold the targets as parsed (a tuple), --from-json's as
+    # JSON reads them back (a list); both records show the goodput columns
+    whole = {"in_flight_at_end": 0, "completed_in_drain": 0}  # what a real run's summary has besides
+    runs = [{**r, "summary": {**r["summary"], **whole}, "round": 1, "client_cpu_s": 1.0, "client_wall_s": 10.0,
+             "ready_s": 30.0, "status": []} for r in (run("alone", 40), run("ebctl", 60))]
+    for slo in ((1.0, 0.05), [1.0, 0.05]):
+        doc = {"settings": {"slo": slo, "last": 5.0, "duration": 10.0, "runs": 1, "concurrency": 2, "pin": True,
+                            "baseline": "alone"}, "configs": ["alone", "ebctl"], "runs": runs, "base_args": [],
+               "workload": {"source": "issue", "seed": 0}, "bin_s": 30.0}
+        assert "| 50.0% | 1.500 [1.500, 1.500] | 1.500 [1.500, 1.500] |" in ab.report(doc, "cmd"), type(slo)
 
 
 def test_bootstrap_leaves_out_draws_with_a_zero_baseline(ab):
