@@ -721,7 +721,8 @@ def report(doc: dict[str, Any], command: str) -> str:
                 "| t (s) | mode | k | N | search | incumbent | output tok/s (last min) | gain vs stock [95%] | "
                 "exploring cost |", "|---|---|---|---|---|---|---|---|---|", *status_rows(r)]
         last = engine_status(r["status"][-1].get("status"))
-        for h in ((last.get("tuner") or {}).get("history") or []):
+        tuner = last.get("tuner") if isinstance(last.get("tuner"), dict) else {}  # mode off: none (--from-json: NaN)
+        for h in tuner.get("history") or []:
             eff = h.get("effect")
             out.append(f"- trial {h['incumbent']} against {h['challenger']}: windows {h['rates']}, effect "
                        f"{f'{eff:+.1%}' if isinstance(eff, int | float) and math.isfinite(eff) else '-'}, "

@@ -191,6 +191,10 @@ def test_slo_option_and_the_goodput_columns(ab):
                             "baseline": "alone"}, "configs": ["alone", "ebctl"], "runs": runs, "base_args": [],
                "workload": {"source": "issue", "seed": 0}, "bin_s": 30.0}
         assert "| 50.0% | 1.500 [1.500, 1.500] | 1.500 [1.500, 1.500] |" in ab.report(doc, "cmd"), type(slo)
+    # controller.mode = off: the daemon's status has no tuner (null, read back by --from-json as NaN)
+    off = {"mode": "off", "k": 1, "n_max": 16, "tuner": math.nan, "gain": math.nan, "output_tok_s": 980.0}
+    runs[1]["status"] = [{"t": 60.0, "status": {"engines": {"dp0": off}}}]
+    assert "| 60 | off | 1 | 16 | - | - | 980 | - | - |" in ab.report(doc, "cmd").splitlines()
 
 
 def test_bootstrap_leaves_out_draws_with_a_zero_baseline(ab):
