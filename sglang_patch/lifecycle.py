@@ -141,14 +141,14 @@ def set_pd_interval(sched: Any, launch: int | None, n: int) -> None:
     countdown from the attribute after each batch that prefilled and defers a prefill while it runs
     (``_should_defer_prefill``, 1400-1411): the rule is sglang's, only its N comes from the policy. Written only
     when N changes: the daemon re-sends a policy every ``republish_s``, and a re-sent N must leave a countdown
-    running. Back to an interval of 0, the countdown stops too (sglang would run out the old one)."""
+    running. A smaller N (0: none) cuts a longer countdown to it at once, instead of letting the old one run out."""
     if launch is None:
         return
     v = n if n > 0 else launch
-    if sched.prefill_decode_interval != v:
+    if getattr(sched, "prefill_decode_interval", None) != v:
         sched.prefill_decode_interval = v
-        if not v:
-            sched._prefill_decode_interval_remaining = 0
+        if getattr(sched, "_prefill_decode_interval_remaining", 0) > v:
+            sched._prefill_decode_interval_remaining = v
 
 
 def restore(sched: Any, running_batch: Any, launch_mixed: bool | None, reopen: bool,

@@ -15,7 +15,7 @@ and every rank applies it from the envelope the source adds to sglang's request 
 
 What is applied (docs/design.md §2, tools/sglang_cpu/HOOKS.md sections 2-6):
 - no policy, an expired one, ``off``, or a disabled plugin: ``is_mixed_chunk`` at its launch value, no
-  cap, no deferral: sglang as launched;
+  cap, no deferral of ours: sglang as launched (``off`` with a ``pd_interval``: see the last item);
 - ``eb``: ``is_mixed_chunk`` False; ``PhaseGate`` decides in ``_should_defer_prefill`` whether a prefill
   may form (never deferred while nothing runs); a chunked prefill in flight goes on alone while the gate
   holds (``get_num_allocatable_reqs`` answers 0 for that step, so no waiting request joins it);

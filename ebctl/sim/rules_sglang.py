@@ -92,6 +92,10 @@ class SglangEngine(Engine):
         chunked = self._prefilling[0] if self._prefilling else None
         running_bs = self.running - (chunked is not None)  # the chunked request is not in the running batch
         defer = hold_new = False
+        # the interval in force: a policy's pd_interval replaces the launch value (sglang_patch/state.py apply, in
+        # any mode); a smaller one cuts a longer countdown to it (sglang_patch/lifecycle.py set_pd_interval)
+        pdi = policy.pd_interval if policy is not None and policy.pd_interval else cfg.prefill_decode_interval
+        self.pd_interval_remaining = min(self.pd_interval_remaining, pdi)
         if self.pd_interval_remaining:  # _should_defer_prefill, stock (scheduler.py:1400-1411): the plugin asks it
             # first and, when it defers, returns that without asking the gate (sglang_patch/hooks.py defer_prefill)
             if running_bs < cfg.prefill_decode_interval_min_bs or running_bs == 0:
@@ -116,10 +120,7 @@ class SglangEngine(Engine):
             self._prefill(batch, chunks, chunked, running_bs, 0 if hold_new else cap - running_bs, mixed_chunk,
                           now, finished)
         if chunks:
-            # _arm_prefill_decode_interval: an extend or mixed batch ran; a policy's pd_interval replaces the
-            # launch value (sglang_patch/state.py apply, in any mode)
-            pdi = policy.pd_interval if policy is not None and policy.pd_interval else cfg.prefill_decode_interval
-            if pdi:
+            if pdi:  # _arm_prefill_decode_interval: an extend or mixed batch ran
                 self.pd_interval_remaining = pdi
             rows = None
             if mixed_chunk and running_bs and self._decode_fits(self.dec):

@@ -543,7 +543,7 @@ def test_a_resent_policy_leaves_sglangs_countdown_running(monkeypatch):
     """The daemon re-sends its policy every republish_s: an equal policy, a new object. Launched with no interval,
     pdi@8 (mode off, pd_interval 8) re-sent while sglang's countdown has 5 decode steps left keeps them (a reset
     let a prefill in right after one, as the real server showed); back to an interval of 0, in mode off or eb,
-    the countdown stops with it."""
+    the countdown stops with it; a smaller interval cuts it to its own length."""
     monkeypatch.setattr(state, "POLICY_POLL_S", 0.0)
     s = new_state(launch_pd_interval=0)
     monkeypatch.setattr(hooks, "STATE", s)
@@ -559,3 +559,22 @@ def test_a_resent_policy_leaves_sglangs_countdown_running(monkeypatch):
         s.link.p = back
         _plan_step(sched)
         assert (sched.prefill_decode_interval, sched._prefill_decode_interval_remaining) == (0, 0), back
+    # a smaller N cuts a longer countdown to it: 16 with 12 steps left, then 8: 8 left
+    s.link.p = eb(mode=Mode.OFF, pd_interval=16)
+    _plan_step(sched)
+    sched._prefill_decode_interval_remaining = 12
+    s.link.p = eb(mode=Mode.OFF, pd_interval=8)
+    _plan_step(sched)
+    assert (sched.prefill_decode_interval, sched._prefill_decode_interval_remaining) == (8, 8)
+    # launched with --prefill-decode-interval 8: back to it (no policy), a countdown within 8 runs on as sglang's
+    # own would; one of 16's beyond 8 is cut to 8
+    s = new_state(launch_pd_interval=8)
+    monkeypatch.setattr(hooks, "STATE", s)
+    sched = Sched(prefill_decode_interval=8, _prefill_decode_interval_remaining=0)
+    for left, want in ((5, 5), (12, 8)):
+        s.link.p = eb(mode=Mode.OFF, pd_interval=16)
+        _plan_step(sched)
+        sched._prefill_decode_interval_remaining = left
+        s.link.p = None
+        _plan_step(sched)
+        assert (sched.prefill_decode_interval, sched._prefill_decode_interval_remaining) == (8, want), left

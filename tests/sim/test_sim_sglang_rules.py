@@ -243,6 +243,23 @@ def test_prefill_decode_interval_runs_n_decode_steps_after_each_prefill():
     assert [(r.kind, r.prefill_reqs) for r in reps] == [(P, 1), (D, 0), (D, 0), (P, 1), (D, 0)]
 
 
+def test_a_policys_smaller_pd_interval_cuts_the_countdown_at_once():
+    # As the plugin (sglang_patch/lifecycle.py set_pd_interval): A is prefilled under pd_interval 4, which arms 4
+    # deferred rounds; B waits. After one decode round (3 left) the policy's interval drops to 1: the countdown
+    # is cut to 1, so one more decode round, then B's prefill (step 3). Letting the old countdown run out would
+    # have prefilled B at step 5.
+    P, D = BatchKind.PREFILL, BatchKind.DECODE
+    eng = _engine()
+    eng.policy = Policy(mode=Mode.OFF, k=1, n_max=16, ttl_s=math.inf, max_defer_s=math.inf, pd_interval=4)
+    eng.add(5, 20, 0.0)
+    reps = [eng.step(0.0)]
+    eng.add(5, 20, 0.5)
+    reps.append(eng.step(1.0))
+    eng.policy = Policy(mode=Mode.OFF, k=1, n_max=16, ttl_s=math.inf, max_defer_s=math.inf, pd_interval=1)
+    reps += _run_from(eng, 2, 3)
+    assert [(r.kind, r.prefill_reqs) for r in reps] == [(P, 1), (D, 0), (D, 0), (P, 1), (D, 0)]
+
+
 def test_prefill_decode_interval_defers_a_chunk_in_flight_and_counts_a_mixed_step():
     # The interval is checked before get_new_batch_prefill, so a chunk in flight waits too. R (5 tokens, 50
     # out) runs; A (150 tokens) on a 64-token chunk budget, N = 1: chunk, decode, chunk, decode, last chunk.
