@@ -12,8 +12,9 @@ model), the three synthetic mixes and the three shipped traces, closed loops of 
 Per cell: output tokens/s of the default and of the best static setting, and goodput (output tokens/s of the
 requests that met both targets; ``tools/ab_real.py --slo`` counts the same on the real server) at two target
 pairs: the paper's (TTFT ≤ 10 s, TPOT ≤ 100 ms, its Table 18) and a tight pair set per cell from stock's own
-latencies (TTFT ≤ stock's p75, TPOT ≤ stock's p90), with the best static setting's attainment (the share of
-requests meeting both) beside it. ``--quick``: one profile, two workloads, c = 512, 400 requests (CI).
+latencies (TTFT ≤ stock's p75, TPOT ≤ stock's p90, both scaled down where the best static setting met them for
+more than 90% of its requests: ``tight_slo``), with the best static setting's attainment (the share of requests
+meeting both) beside it. ``--quick``: one profile, two workloads, c = 512, 400 requests (CI).
 
 ``--slo-objective``: the default is run again per cell and pair with that pair as its latency targets
 (``default:ttft=X,tpot=Y``: ``controller.slo_ttft_s``/``slo_tpot_s``, so its measured search maximizes goodput
@@ -73,9 +74,26 @@ def goodput(r: dict, slo: tuple[float, float]) -> tuple[float, float]:
     return float(r["out"][met].sum() / r["makespan_s"]), float(met.mean())
 
 
-def tight_slo(stock: dict) -> tuple[float, float]:
-    """The cell's tight pair, from stock's own latencies: TTFT ≤ its p75, TPOT ≤ its p90."""
-    return float(np.nanpercentile(stock["ttft"], 75)), float(np.nanpercentile(stock["tpot"], 90))
+TIGHT_MAX, TIGHT_STEP = 0.9, 0.98  # the best static setting meets the tight pair for at most 90% of its requests
+
+
+def tight_slo(runs: dict[str, dict]) -> tuple[float, float]:
+    """The cell's tight pair, one at which the best static setting meets both targets for 50-90% of its requests
+    (the issue's definition): from stock's own latencies, TTFT ≤ its p75 and TPOT ≤ its p90 (stock meets
+    both for at least 65%), both scaled by 0.98 at a time while the best static setting at the pair meets them for
+    more than 90% (on simulated RTX PRO 6000, balanced, c = 2,048, `--prefill-decode-interval 8` met stock's pair
+    for 92%). Small steps: at c = 2,048 on 1,024 slots a request's TTFT is mostly its wait in the queue, alike for
+    all, and one step of 0.9 took the best static setting there from 92% to 53%."""
+    stock = runs["v0"]
+    base = float(np.nanpercentile(stock["ttft"], 75)), float(np.nanpercentile(stock["tpot"], 90))
+    static = [r for s, r in runs.items() if policies.is_static(s)]
+    scale = 1.0
+    for _ in range(200):
+        slo = base[0] * scale, base[1] * scale
+        if max((goodput(r, slo) for r in static), key=lambda g: g[0])[1] <= TIGHT_MAX:
+            return slo
+        scale *= TIGHT_STEP
+    return slo
 
 
 def slo_spec(slo: tuple[float, float]) -> str:
@@ -90,7 +108,7 @@ def cell_row(runs: dict[str, dict]) -> dict:
     ctl = runs[CONTROLLER]
     best_tok = max(static, key=lambda s: static[s]["tok_per_s"])
     row = {"tok": (ctl["tok_per_s"], best_tok, static[best_tok]["tok_per_s"])}
-    for name, slo in (("paper", PAPER_SLO), ("tight", tight_slo(runs["v0"]))):
+    for name, slo in (("paper", PAPER_SLO), ("tight", tight_slo(runs))):
         good = {s: goodput(r, slo) for s, r in static.items()}
         best = max(good, key=lambda s: good[s][0])
         row[name] = {"slo": slo, "ctl": goodput(ctl, slo), "best": best, "best_good": good[best]}
@@ -131,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             got.setdefault((r["profile"], r["workload"], r["conc"]), {})[r["policy"]] = r
         if a.slo_objective:  # the tight pair is the cell's stock run's: these follow
             more = [(*cell, slo_spec(slo), n, a.seed) for cell, runs in got.items()
-                    for slo in (PAPER_SLO, tight_slo(runs["v0"]))]
+                    for slo in (PAPER_SLO, tight_slo(runs))]
             jobs += more
             for r in ex.map(job, *zip(*more, strict=True), chunksize=2):
                 got[(r["profile"], r["workload"], r["conc"])][r["policy"]] = r
@@ -140,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - t0:.0f} s). Engine: sglang's rules, N = 1,024 slots, B = 8,192 tokens, the GPU's "
           f"KV capacity, the default cost model. Static settings: {', '.join(_short(s) for s in specs[1:])}. "
           "Goodput: output tok/s of the requests meeting both targets; paper: TTFT ≤ 10 s and TPOT ≤ 100 ms; "
-          "tight: TTFT ≤ stock's p75 and TPOT ≤ stock's p90 in that cell; attained: the share of requests the "
-          "best static setting got within both.\n")
+          "tight: TTFT ≤ stock's p75 and TPOT ≤ stock's p90 in that cell, both scaled by 0.98 at a time while the best "
+          "static setting met them for more than 90% of its requests; attained: the share of requests the best "
+          "static setting got within both.\n")
     worst = {"tok": 1e9, "paper": 1e9, "tight": 1e9}
     for p in prof_list:
         print(f"*{p}*\n")

@@ -30,8 +30,26 @@ def test_goodput_and_the_tight_pair(knobs):
     # (1, nan, 1) one token: TTFT alone, met; an aborted one (TTFT nan): missed. Targets (2 s, 0.1 s).
     r = run("v0", 0.0, [1, 3, 1, 1, np.nan], [0.05, 0.05, 0.2, np.nan, np.nan], [10, 20, 30, 1, 5])
     assert knobs.goodput(r, (2.0, 0.1)) == pytest.approx(((10 + 1) / 10.0, 2 / 5))
-    # stock's p75 of TTFT (1, 3, 1, 1: numpy's linear rule → 1.5) and p90 of TPOT (0.05, 0.05, 0.2 → 0.17)
-    assert knobs.tight_slo(r) == pytest.approx((1.5, 0.17))
+    # stock's p75 of TTFT (1, 3, 1, 1: numpy's linear rule → 1.5) and p90 of TPOT (0.05, 0.05, 0.2 → 0.17): stock,
+    # the only static setting, meets both for 3 of 5 (60%), within 50-90%
+    assert knobs.tight_slo({"v0": r}) == pytest.approx((1.5, 0.17))
+
+
+def test_the_tight_pair_is_scaled_down_until_the_best_static_setting_meets_it_for_at_most_90_percent(knobs):
+    """Stock's TTFTs 1-10 s (p75 7.75 s), TPOTs 0.05 s (p90 0.05 s); a knob with TTFTs 0.7-7 s and TPOTs 0.04 s
+    meets stock's pair for all ten requests. Scaled by 0.98 at a time, the TTFT target 7.75 × 0.98^i stays above
+    the knob's largest TTFT, 7 s, up to i = 5 (7.005 s) and falls below it at i = 6 (6.865 s): 9 of 10, 90%, the
+    first scale at which the best static setting meets the pair for at most 90%. Stock meets no scaled pair (its
+    TPOTs of 0.05 s miss 0.049 s)."""
+    ttft = np.arange(1.0, 11.0)
+    stock = run("v0", 90.0, ttft, [0.05] * 10, [10] * 10)
+    knob = run("sglang:pd-interval=8", 95.0, ttft * 0.7, [0.04] * 10, [10] * 10)
+    base = (float(np.percentile(ttft, 75)), 0.05)
+    assert base[0] == pytest.approx(7.75)
+    assert knobs.goodput(knob, base)[1] == 1.0  # stock's own pair: the knob meets it for all
+    slo = knobs.tight_slo({"v0": stock, "sglang:pd-interval=8": knob, "default": run("default", 1.0, [0], [0], [1])})
+    assert slo == pytest.approx((7.75 * 0.98**6, 0.05 * 0.98**6))
+    assert knobs.goodput(knob, slo)[1] == pytest.approx(0.9)
 
 
 def test_the_best_static_setting_of_a_cell(knobs):
