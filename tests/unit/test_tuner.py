@@ -29,8 +29,14 @@ def test_verdict_on_hand_worked_pairs():
     # a negative mean loses at once; an uncertain positive one goes on until max_pairs
     assert verdict(np.array([-0.01, 0.002]), prior_sd=0.015, min_pairs=2, max_pairs=5,
                    min_effect=0.01).decision == "lose"
-    unsure = np.array([0.06, -0.02])
+    unsure = np.array([0.08, 0.0])
     assert verdict(unsure, prior_sd=0.015, min_pairs=2, max_pairs=5, min_effect=0.01).decision == ""
+    # futile: the same sd ((2·0.04² + 2·0.015²) / 3)^½ = 0.0349 at a mean of 0.02; five pairs at that mean would
+    # have t(6 df)·0.0349/√5 = 0.0382 ≥ 0.02, so the remaining three could not make it win (at 0.04 they could)
+    sd = math.sqrt((2 * 0.04**2 + 2 * 0.015**2) / 3)
+    assert stats.t.ppf(0.975, 6) * sd / math.sqrt(5) == pytest.approx(0.0382, abs=1e-4)
+    assert verdict(np.array([0.06, -0.02]), prior_sd=0.015, min_pairs=2, max_pairs=5,
+                   min_effect=0.01).decision == "lose"
     assert verdict(np.array([0.06, -0.02, 0.06, -0.02, 0.06]), prior_sd=0.015, min_pairs=2, max_pairs=5,
                    min_effect=0.01).decision == "lose"
 
