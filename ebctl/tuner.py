@@ -516,7 +516,7 @@ class Tuner:
                 if v.decision == "win":
                     self._win(t, w, "", verdict_=v, measured=measured)
                     return
-                self._end_trial(v.decision, "", verdict_=v, measured=measured)
+                self._end_trial(v.decision, v.why, verdict_=v, measured=measured)
                 if self.gap <= 0 and self.trial is None:  # still searching: the next trial starts at once
                     self._start_trial(w)
                 return

@@ -26,7 +26,7 @@ def test_verdict_on_hand_worked_pairs():
     # a gain below the minimum effect, however sure, does not win; at max_pairs it loses
     small = np.full(5, 0.005)
     assert verdict(small[:3], prior_sd=0.001, min_pairs=2, max_pairs=5, min_effect=0.01).decision == "lose"
-    # a negative mean loses at once; an uncertain positive one goes on until max_pairs
+    # a negative mean loses at once; an uncertain positive one goes on while max_pairs pairs at its mean could win
     assert verdict(np.array([-0.01, 0.002]), prior_sd=0.015, min_pairs=2, max_pairs=5,
                    min_effect=0.01).decision == "lose"
     unsure = np.array([0.08, 0.0])
@@ -35,8 +35,8 @@ def test_verdict_on_hand_worked_pairs():
     # have t(6 df)·0.0349/√5 = 0.0382 ≥ 0.02, so the remaining three could not make it win (at 0.04 they could)
     sd = math.sqrt((2 * 0.04**2 + 2 * 0.015**2) / 3)
     assert stats.t.ppf(0.975, 6) * sd / math.sqrt(5) == pytest.approx(0.0382, abs=1e-4)
-    assert verdict(np.array([0.06, -0.02]), prior_sd=0.015, min_pairs=2, max_pairs=5,
-                   min_effect=0.01).decision == "lose"
+    futile = verdict(np.array([0.06, -0.02]), prior_sd=0.015, min_pairs=2, max_pairs=5, min_effect=0.01)
+    assert futile.decision == "lose" and futile.why.startswith("futile: +2.0% after 2 pair(s)")
     assert verdict(np.array([0.06, -0.02, 0.06, -0.02, 0.06]), prior_sd=0.015, min_pairs=2, max_pairs=5,
                    min_effect=0.01).decision == "lose"
 
