@@ -72,6 +72,11 @@ def _t975() -> np.ndarray:
     return stats.t.ppf(0.975, np.arange(1, 200))
 
 
+def _t(df: int) -> float:
+    """The two-sided 95% Student t at ``df`` degrees of freedom (those beyond the table at its last)."""
+    return float(_t975()[min(df, len(_t975())) - 1])
+
+
 class Applied(NamedTuple):
     """What the controller published for an arm under one policy version."""
 
@@ -215,7 +220,7 @@ def verdict(d: np.ndarray, *, prior_sd: float, min_pairs: int, max_pairs: int, m
     ss = float(((d - mean) ** 2).sum())
     df = n - 1 + PRIOR_PAIRS
     sd = math.sqrt((ss + PRIOR_PAIRS * prior_sd**2) / df)
-    half = float(_t975()[min(int(df), len(_t975())) - 1]) * sd / math.sqrt(n)
+    half = _t(int(df)) * sd / math.sqrt(n)
     if n < min_pairs:
         return Verdict("", mean, half)
     bar = math.log1p(min_effect)
@@ -223,7 +228,7 @@ def verdict(d: np.ndarray, *, prior_sd: float, min_pairs: int, max_pairs: int, m
         return Verdict("win", mean, half)
     if mean + half < bar or mean <= 0 or n >= max_pairs:
         return Verdict("lose", mean, half)
-    at_max = float(_t975()[min(int(df) + max_pairs - n, len(_t975())) - 1]) * sd / math.sqrt(max_pairs)
+    at_max = _t(int(df) + max_pairs - n) * sd / math.sqrt(max_pairs)
     if mean <= at_max:  # futile: at this mean, max_pairs pairs would not clear 0 either
         return Verdict("lose", mean, half, f"futile: {math.expm1(mean):+.1%} after {n} pair(s), within ±"
                                            f"{math.expm1(at_max):.1%} at {max_pairs}")
