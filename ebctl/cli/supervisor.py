@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ebctl.cli.common import answers, say
 from ebctl.config import Config
@@ -163,6 +164,7 @@ RESTART_BACKOFF_S = (0.5, 30.0)  # the first restart waits this long, doubling u
 STABLE_S = 60.0  # a daemon that lived this long resets the backoff
 CONFIG_ERROR = 2  # the daemon's exit code for a configuration it refuses (a bad file, key or endpoint)
 WATCH_S = 1.0  # how often the config file is looked at while a refused daemon waits for it to change
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, a service manager's stop, a closed terminal
 RETRY_SIGNAL = signal.SIGUSR1  # ``ebctl reload``'s way to a supervisor whose daemon is down
 
 
@@ -259,14 +261,43 @@ def holder(run_dir: str | os.PathLike) -> Holder | None:
     return None
 
 
+class Flag:
+    """A flag that signal handlers set and the main thread waits on. Not ``threading.Event``: its ``set`` takes
+    a lock that the main thread holds for a moment inside its own ``wait``, ``is_set`` aside; a handler runs on
+    the main thread, so a signal arriving in that moment waits for itself forever (the signal module's docs
+    warn against locks in handlers; cpython#126434). Setting a bool takes no lock; waiting sleeps in slices,
+    each resumed after a handler runs (PEP 475), so a set is seen within ``SLICE_S``. Any thread may set it."""
+
+    SLICE_S = 0.02
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """True once set, False after ``timeout`` seconds if it was not."""
+        deadline = time.monotonic() + timeout
+        while not self._set and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, self.SLICE_S))
+        return self._set
+
+
 class Supervisor:
     """The daemon and the engine in their own process groups: the daemon restarted when it dies (not after a
     refused configuration, until that changes), both stopped when the engine exits or on a signal."""
 
     def __init__(self, cfg: Config, grace: float) -> None:
         self.cfg, self.grace = cfg, grace
-        self.stop = threading.Event()
-        self.retry = threading.Event()  # RETRY_SIGNAL: start a daemon that is down now
+        self.stop = Flag()
+        self.retry = Flag()  # RETRY_SIGNAL: start a daemon that is down now
         self.children: list[Child] = []  # live ones only, in the order they are stopped in reverse
         self.restarts = 0
         self.refusals = 0  # daemons that exited with CONFIG_ERROR
@@ -281,9 +312,7 @@ class Supervisor:
         start). ``lock`` gets this process's pid once ``RETRY_SIGNAL`` is handled. ``engine_stops_group``: the
         engine's first process stops its own children on SIGTERM (``Child.leader_stops_group``). Returns the
         exit code of ``ebctl start``."""
-        old = {s: signal.signal(s, lambda *_: self.stop.set())
-               for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        old[RETRY_SIGNAL] = signal.signal(RETRY_SIGNAL, lambda *_: self.retry.set())
+        old = self.catch_signals(retry=True)
         self.lock = lock
         if lock is not None:
             lock.announce()
@@ -307,13 +336,20 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def catch_signals(self, retry: bool) -> dict[int, Any]:
+        """``STOP_SIGNALS`` set ``stop``; with ``retry``, ``RETRY_SIGNAL`` sets ``retry``. The handlers they
+        replace, by signal, for the caller to put back."""
+        old = {s: signal.signal(s, lambda *_: self.stop.set()) for s in STOP_SIGNALS}
+        if retry:
+            old[RETRY_SIGNAL] = signal.signal(RETRY_SIGNAL, lambda *_: self.retry.set())
+        return old
+
     def run_engine(self, engine_cmd: list[str], env: dict[str, str], engine_name: str,
                    engine_stops_group: bool = False) -> int:
         """``start --join``: the engine alone, under a daemon this process neither started nor restarts (the
         node's service manager does; without it the engine runs stock). Ctrl-C (or SIGTERM/SIGHUP) stops the
         engine; returns 0 when the engine exited 0 or was stopped, else 1."""
-        old = {s: signal.signal(s, lambda *_: self.stop.set())
-               for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old = self.catch_signals(retry=False)
         try:
             engine = self.spawn(engine_name, engine_cmd, env, leader_stops_group=engine_stops_group)
             say(f"ebctl: {engine_name} (pid {engine.proc.pid}) running under the daemon at "

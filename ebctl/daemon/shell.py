@@ -67,6 +67,9 @@ class Shell:
     def __init__(self, core: Core, stop: threading.Event) -> None:
         self.core, self._stop = core, stop
         self._reload_requested = False  # set by SIGHUP, acted on by the loop
+        # Set by SIGTERM/SIGINT. A bool, not ``stop.set()``: a handler runs on the main thread, which may be inside
+        # that Event's lock (the ``shutdown`` op sets it there), and would wait for itself (cpython#126434).
+        self._signalled = False
         self._pub: zmq.Socket | None = None
         self._lock_fd = -1
         self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
@@ -162,8 +165,8 @@ class Shell:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())  # Ctrl-C: the same clean stop
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_signalled", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "_signalled", True))  # Ctrl-C: the same clean stop
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload_requested", True))
 
         def restore() -> None:
@@ -177,7 +180,7 @@ class Shell:
             poller.register(s, zmq.POLLIN)
         next_republish = time.monotonic() + self.core.cfg.daemon.republish_s
         next_check = time.monotonic() + RUN_DIR_CHECK_S
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or self._signalled):
             wait = min(max(next_republish - time.monotonic(), 0.0), POLL_MAX_S)
             ready = dict(poller.poll(wait * 1000))
             now, mono = time.time(), time.monotonic()
