@@ -214,12 +214,15 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "tune_ttft_slack": Spec(float, "measured: a challenger other than stock whose TTFT p99 (the engine's, over "
                                    "its windows) exceeds stock's by more than this share does not win (10: no "
                                    "guard)", 0.0, 10.0),
+    "tune_tpot_slack": Spec(float, "measured: a challenger other than stock whose TPOT p99 (the engine's, per "
+                                   "request: (last − first token) / (output − 1)) exceeds stock's by more than this "
+                                   "share does not win (10: no guard)", 0.0, 10.0),
     "tune_drift": Spec(float, "measured: change of the window's geometric mean input length (absolute log ratio) "
                               "that restarts the search (output length: twice this)", 0.01, 10.0),
     "slo_ttft_s": Spec(float, "latency target: time to first token (s); 0: none. With this or slo_tpot_s set, the "
                               "measured search (theta_method measured: θ, and in eb+ the mode) maximizes goodput, "
-                              "the output tokens/s of the requests within every set target, and tune_ttft_slack is "
-                              "off; status shows the attainment either way", 0.0, 86_400),
+                              "the output tokens/s of the requests within every set target, and tune_ttft_slack and "
+                              "tune_tpot_slack are off; status shows the attainment either way", 0.0, 86_400),
     "slo_tpot_s": Spec(float, "latency target: time per output token after the first, (last − first token) / "
                               "(output − 1) per request (s); 0: none (see slo_ttft_s)", 0.0, 3600),
     "k_override": Spec(int, "pin k (0: k̂* = ⌊θ̂*·N̂*⌋)", 0, 1_000_000),

@@ -32,8 +32,9 @@ class TunerParams:
     explore_budget: float = 0.01  # share of the time the search may give up to trying arms (``Tuner.budget_left``)
     theta_entry: float = 0.2  # the largest θ a search enters EB at from stock or mb; larger θ is reached by climbing
     ttft_slack: float = 0.1  # a challenger whose TTFT p99 exceeds stock's by more than this share does not win
+    tpot_slack: float = 0.1  # ... nor one whose TPOT p99 does
     slo_ttft_s: float = 0.0  # latency targets (``ebctl.slo``); either set: windows are judged by goodput under them,
-    slo_tpot_s: float = 0.0  # and the TTFT guard (ttft_slack) is off. 0: not set
+    slo_tpot_s: float = 0.0  # and the latency guards (the slacks) are off. 0: not set
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class ControllerParams:
     tune_explore_budget: float = 0.01  # measured: share of the time the search may give up to trying arms
     tune_theta_entry: float = 0.2  # measured: the largest θ a search enters EB at from stock or mb
     tune_ttft_slack: float = 0.1  # measured: a challenger whose TTFT p99 exceeds stock's by more does not win
+    tune_tpot_slack: float = 0.1  # measured: ... nor one whose TPOT p99 does
     tune_drift: float = 0.3  # measured: |ln| change of the geometric mean input length (output: 2×) that restarts
     slo_ttft_s: float = 0.0  # latency target, time to first token (s); 0: none (``ebctl.slo``)
     slo_tpot_s: float = 0.0  # latency target, time per output token after the first (s); 0: none
@@ -102,6 +104,7 @@ class ControllerParams:
                            min_effect=self.tune_min_effect, step_max=max(1, round(4 * self.tune_step)),
                            recheck=self.tune_recheck, explore_budget=self.tune_explore_budget,
                            theta_entry=self.tune_theta_entry, ttft_slack=self.tune_ttft_slack,
+                           tpot_slack=self.tune_tpot_slack,
                            slo_ttft_s=self.slo_ttft_s, slo_tpot_s=self.slo_tpot_s)
 
 

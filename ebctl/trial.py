@@ -104,6 +104,7 @@ class Window:
     saturated_s: float = 0.0
     mixed: list[tuple[float, int, int]] = field(default_factory=list)  # (dt, prefill tokens, decode rows) each
     ttfts: list[float] = field(default_factory=list)  # the finished requests' TTFTs the engine measured (s)
+    tpots: list[float] = field(default_factory=list)  # ... and TPOTs (requests of more than one output token)
     room: int = -1  # EB: N − k, the most requests the engine holds with the gate open (-1: not EB)
     since: float = -math.inf  # with latency targets: it judges the requests whose first token came at or after this
     peak: int = 0  # the most requests in the engine (running + waiting) in any of its iterations
@@ -118,6 +119,7 @@ class Window:
         p, d = r.prefill_tokens, r.decode_reqs
         self.completions += len(r.finished)
         self.ttfts.extend(f.ttft_s for f in r.finished if f.ttft_s >= 0.0)  # NaN: not measured
+        self.tpots.extend(f.tpot_s for f in r.finished if f.tpot_s >= 0.0)
         self.peak = max(self.peak, r.running + r.waiting)
         if targets is not None and r.finished:
             got = slo.tally(r.finished, targets, finish=r.wall_time, since=self.since)
@@ -191,6 +193,7 @@ class Trial:
     probed: bool = False  # an eb+ probe paused it (one per trial: each pause drops windows)
     lead: float = math.nan  # ln rate of a challenger window clearly above the incumbent, awaiting its confirmation
     ttfts: list[float] = field(default_factory=list)  # TTFTs of the challenger's measured windows
+    tpots: list[float] = field(default_factory=list)  # ... and TPOTs
     attained: list[tuple[str, float]] = field(default_factory=list)  # (arm, attainment) per measured window (targets)
 
     def arm(self) -> str:

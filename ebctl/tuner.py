@@ -49,8 +49,9 @@ reference (``early_stop_bar``) decides a trial at once: a slower challenger lose
 (looked at once it has run ``window_s``, ``_peek``; in the first settling window only beyond
 ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and wins if the two
 windows' mean clears the bar for two (``_closed``), else the two are the pair's B. A faster challenger other than
-stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack`` loses (``_win``): throughput does not see
-what EB's refills cost latency (without latency targets only). The incumbent's gain against stock (``gain``), what
+stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack``, or whose TPOT p99 exceeds it by more than
+``tpot_slack``, loses (``_win``): throughput does not see what EB's refills cost latency (without latency targets
+only). The incumbent's gain against stock (``gain``), what
 ``ebctl status`` shows as "is it helping": its windows since it won against stock's last ones, or, until it has run
 three, the figure carried along the trials that led to it.
 
@@ -103,10 +104,19 @@ EARLY_STOP_MIN, EARLY_STOP_Z = 0.03, 3.0 / math.sqrt(2.0)
 # measured -10.8% in one run and won by +21.9% in another): it ends a trial only this far below.
 EARLY_STOP_SETTLING = 0.15
 REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
-MIN_TTFTS = 100  # TTFTs of each side before the latency guard compares p99s (``ttft_excess``)
+MIN_TTFTS = 100  # TTFTs (TPOTs) of each side before the latency guard compares p99s (``excess``)
 MIN_REF = 3  # steady windows of the incumbent before a trial: its windows' sd sets the bars (on the CPU server
 # 10-s windows of stock ran from 3,010 to 3,990 tokens/s, and one low A0 made EB(k = 2) "win" by +20%)
 
+
+
+def excess(values: list[float], stock: list[list[float]]) -> float:
+    """p99 of ``values`` (a challenger's TTFTs or TPOTs) over the p99 of ``stock``'s (stock's last steady
+    windows'), − 1; NaN with fewer than ``MIN_TTFTS`` on either side (the p99 of fewer is one request's)."""
+    ref = [x for ts in stock for x in ts]
+    if len(values) < MIN_TTFTS or len(ref) < MIN_TTFTS:
+        return math.nan
+    return float(np.percentile(values, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
 
 class Tuner:
     """One engine's measured search. ``bind`` each published policy, ``observe`` each report, run ``arm``."""
@@ -155,6 +165,7 @@ class Tuner:
         self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
         self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
+        self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
         self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
         self.targets = slo.Targets(params.slo_ttft_s, params.slo_tpot_s)  # the objective's (``ebctl.slo``)
         self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
@@ -206,7 +217,7 @@ class Tuner:
             # On simulated H200 (balanced, c = 256, TTFT ≤ 30 ms) the first window's was 183 tok/s against
             # 11,000-16,000 after: a window sd of 1.8 in ln, a bar of 4.1, and an mb trial at 1/80 of stock's goodput
             # ran on for a minute. The trials then wait for MIN_REF windows of the steady state.
-            self.ref_lns, self.stock_lns, self.stock_ttfts = [], [], []
+            self.ref_lns, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], []
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
         arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
@@ -475,9 +486,10 @@ class Tuner:
             self.attained[w.arm] = w.attainment()
             if w.arm == self.incumbent and w.judged_tokens:
                 self.tpot_binds = w.tpot_ok_tokens < w.ttft_ok_tokens
-        if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the TTFT guard compare with
+        if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the latency guard compare with
             self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
             self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
+            self.stock_tpots = [*self.stock_tpots[-(REF_WINDOWS - 1):], w.tpots]
         if t is None:
             if self._counts(w) and self.gap <= 0 and self.steady:
                 self._start_trial(w)
@@ -492,6 +504,7 @@ class Tuner:
             t.attained.append((w.arm, w.attainment()))
         if w.arm == t.challenger:
             t.ttfts.extend(w.ttfts)
+            t.tpots.extend(w.tpots)
             bar = math.log1p(self.p.min_effect)
             if math.isfinite(t.lead):  # the window after a clearly faster one: the two confirm it, or are B
                 lead, t.lead = t.lead, math.nan
@@ -525,26 +538,23 @@ class Tuner:
     def _win(self, t: Trial, w: Window, why: str, *, measured: tuple[float, float],
              verdict_: Verdict | None = None) -> None:
         """The challenger is faster: it wins, unless it is not stock and its TTFT p99 exceeds stock's by more
-        than ``ttft_slack`` (``ttft_excess``; without latency targets only: they replace it); then it loses.
-        Throughput alone would not see what EB's refills cost latency: on the CPU server (prompts of 600 tokens,
-        16 slots) EB(k = 6) ran as fast as sglang alone with a TTFT p99 half as long again. The next trial
-        starts at once while searching."""
-        excess = self.ttft_excess(t.ttfts) if t.challenger != STOCK and not self.targets.set else math.nan
-        if excess > self.p.ttft_slack:
-            self._end_trial("lose", f"TTFT p99 {excess:+.0%} against stock's (at most {self.p.ttft_slack:+.0%})",
-                            verdict_=verdict_, measured=measured)
+        than ``ttft_slack`` or its TPOT p99 exceeds stock's by more than ``tpot_slack`` (``excess``; without
+        latency targets only: they replace it); then it loses. Throughput alone would not see what EB's refills
+        cost latency: on the CPU server (prompts of 600 tokens, 16 slots) EB(k = 6) ran as fast as sglang alone
+        with a TTFT p99 half as long again; launched with ``--enable-mixed-chunk`` (inputs 10-240 tokens) EB(k = 6)
+        ran 17% faster with a TPOT p99 24% longer, each refill stalling every decode. The next trial starts at
+        once while searching."""
+        guarded = t.challenger != STOCK and not self.targets.set
+        over = [f"{what} p99 {x:+.0%} against stock's (at most {slack:+.0%})"
+                for what, x, slack in (("TTFT", excess(t.ttfts, self.stock_ttfts), self.p.ttft_slack),
+                                       ("TPOT", excess(t.tpots, self.stock_tpots), self.p.tpot_slack))
+                if guarded and x > slack]
+        if over:
+            self._end_trial("lose", "; ".join(over), verdict_=verdict_, measured=measured)
         else:
             self._end_trial("win", why, verdict_=verdict_, measured=measured)
         if self.gap <= 0 and self.trial is None:
             self._start_trial(w)
-
-    def ttft_excess(self, ttfts: list[float]) -> float:
-        """p99 of ``ttfts`` over the p99 of stock's last steady windows' TTFTs, − 1; NaN with fewer than
-        ``MIN_TTFTS`` on either side (the p99 of fewer is one request's)."""
-        ref = [x for ts in self.stock_ttfts for x in ts]
-        if len(ttfts) < MIN_TTFTS or len(ref) < MIN_TTFTS:
-            return math.nan
-        return float(np.percentile(ttfts, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
 
     def _counts(self, w: Window) -> bool:
         """Does a window count? Without latency targets only when saturated: below saturation the arm does not
@@ -751,7 +761,7 @@ class Tuner:
         self.step, self.tried, self.direction = self.p.step_max, set(), 0
         self.settled, self.gap, self.recheck_gap = False, 0, self.p.recheck
         self.pooled_ss = self.pooled_df = 0.0
-        self.stock_lns, self.stock_ttfts = [], []  # stock's windows were of the old mix
+        self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], []  # stock's windows were of the old mix
 
     # --- output ---------------------------------------------------------------------------------------
     def state(self) -> str:

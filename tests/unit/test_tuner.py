@@ -10,7 +10,7 @@ from scipy import stats
 
 from ebctl.protocol import BatchKind, FinishedRequest, IterationReport, Mode
 from ebctl.trial import Applied, Trial, Window, verdict
-from ebctl.tuner import MB, STOCK, Tuner, TunerParams
+from ebctl.tuner import MB, STOCK, Tuner, TunerParams, excess
 
 
 def test_verdict_on_hand_worked_pairs():
@@ -41,11 +41,12 @@ def test_verdict_on_hand_worked_pairs():
                    min_effect=0.01).decision == "lose"
 
 
-def _rep(kind, dt_end, *, prefill=0, decode=0, finished=0, running=100, waiting=50, version=1, ttft=math.nan):
+def _rep(kind, dt_end, *, prefill=0, decode=0, finished=0, running=100, waiting=50, version=1, ttft=math.nan,
+         tpot=math.nan):
     return IterationReport(engine_id="e", seq=0, wall_time=dt_end, forward_s=0.0, kind=kind, prefill_tokens=prefill,
                            prefill_reqs=1 if prefill else 0, decode_reqs=decode, running=running, waiting=waiting,
                            policy_version=version,
-                           finished=tuple(FinishedRequest(10, 5, "stop", ttft) for _ in range(finished)))
+                           finished=tuple(FinishedRequest(10, 5, "stop", ttft, tpot) for _ in range(finished)))
 
 
 def test_window_rate_weighs_the_phases_by_the_request_mix():
@@ -92,9 +93,10 @@ class Engine:
     """Publishes what the tuner asks for and runs cycles of one prefill (K prompts of 100 tokens) and K decode
     steps of about N rows (one request finishing per step), each step's time divided by the arm's speed."""
 
-    def __init__(self, tuner: Tuner, speed, *, waiting=50, first_window_boost=1.0, stock_boost=1.0, ttft=None):
+    def __init__(self, tuner: Tuner, speed, *, waiting=50, first_window_boost=1.0, stock_boost=1.0, ttft=None,
+                 tpot=None):
         self.t, self.speed, self.waiting = tuner, speed, waiting
-        self.ttft = ttft  # ttft(arm): the TTFT of each of its requests
+        self.ttft, self.tpot = ttft, tpot  # ttft(arm), tpot(arm): the TTFT, the TPOT of each of its requests
         self.now, self.version, self.arm, self.boost = 0.0, 0, None, first_window_boost
         self.stock_boost = stock_boost  # stock's speed-up over its first 100 completions after a switch
         self.since_switch = 0
@@ -116,6 +118,8 @@ class Engine:
             self.now += (0.5 if kind is BatchKind.PREFILL else 0.1) / s
             if self.ttft is not None and kw.get("finished"):
                 kw["ttft"] = self.ttft(self.arm)
+            if self.tpot is not None and kw.get("finished"):
+                kw["tpot"] = self.tpot(self.arm)
             self.t.observe(_rep(kind, self.now, running=N - kw.get("finished", 0), waiting=self.waiting,
                                 version=self.version, **kw))
         self.since_switch += K
@@ -322,7 +326,8 @@ def test_one_clearly_faster_window_does_not_win_alone():
     t.trial, t.arm, t.settling = Trial(STOCK, MB, 0.0, rates=[(STOCK, math.exp(8.0))]), MB, 0
 
     def window(arm: str, ln: float):
-        return type("W", (), {"arm": arm, "seconds": 10.0, "saturated": True, "completions": 50, "ttfts": [],
+        return type("W", (), {"arm": arm, "seconds": 10.0, "saturated": True, "completions": 50,
+                              "ttfts": [], "tpots": [],
                               "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
 
     t._closed(window(MB, 8.0 + 0.26))
@@ -338,19 +343,23 @@ def test_one_clearly_faster_window_does_not_win_alone():
     assert t.gain()["vs_stock"] == pytest.approx(math.expm1(0.23))
 
 
+@pytest.mark.parametrize("what", ["TTFT", "TPOT"])
 @pytest.mark.parametrize(("scale", "decision"), [(1.15, "lose"), (1.05, "win")])
-def test_a_faster_challenger_whose_ttft_p99_exceeds_stocks_by_more_than_the_slack_loses(scale, decision):
-    """EB runs 1.25× stock's speed; its requests' TTFTs are ``scale`` s, stock's 1 s: with a slack of 10%, 15%
-    longer loses the trial and 5% wins it."""
+def test_a_faster_challenger_whose_latency_p99_exceeds_stocks_by_more_than_the_slack_loses(what, scale, decision):
+    """EB runs 1.25× stock's speed; its requests' TTFTs (TPOTs) are ``scale`` s, stock's 1 s, the other latency
+    the same for both: with a slack of 10%, 15% longer loses the trial and 5% wins it."""
     t = _tuner()
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=11)
-    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.25, ttft=lambda arm: 1.0 if arm == STOCK else scale)
+    longer = lambda arm: 1.0 if arm == STOCK else scale  # noqa: E731
+    same = lambda arm: 1.0  # noqa: E731
+    eng = Engine(t, lambda arm: 1.0 if arm == STOCK else 1.25, ttft=longer if what == "TTFT" else same,
+                 tpot=longer if what == "TPOT" else same)
     while t.counts["won"] + t.counts["lost"] == 0:
         eng.cycle()
     h = t.history[-1]
     assert h["challenger"] == t.eb_arm(0.2) and h["decision"] == decision
     if decision == "lose":
-        assert h["why"] == "TTFT p99 +15% against stock's (at most +10%)" and t.incumbent == STOCK
+        assert h["why"] == f"{what} p99 +15% against stock's (at most +10%)" and t.incumbent == STOCK
 
 
 def test_the_gain_compares_the_incumbents_windows_since_it_won_with_stocks_last():
@@ -370,17 +379,15 @@ def test_the_gain_compares_the_incumbents_windows_since_it_won_with_stocks_last(
     assert t.gain()["vs_stock"] == 0.0
 
 
-def test_the_ttft_guard_compares_p99s_of_pooled_windows():
+def test_the_latency_guard_compares_p99s_of_pooled_windows():
     """Stock's windows 1.0, 2.0, ..., 100.0 s (p99 by numpy's linear rule: 99.01) and 200 more at 1 s in another
     window (300 pooled: the p99 at index 296.01 of the sorted pool, 97.01); fewer than MIN_TTFTS: no judgement."""
-    t = Tuner(TunerParams())
-    t.stock_ttfts = [[float(i) for i in range(1, 101)]]
-    assert t.ttft_excess([99.01 * 1.2] * 100) == pytest.approx(0.2)
-    assert math.isnan(t.ttft_excess([500.0] * 99))
-    t.stock_ttfts.append([1.0] * 200)
-    assert t.ttft_excess([97.01] * 100) == pytest.approx(0.0, abs=1e-12)
-    t.stock_ttfts = [[1.0] * 99]
-    assert math.isnan(t.ttft_excess([500.0] * 100))
+    stock = [[float(i) for i in range(1, 101)]]
+    assert excess([99.01 * 1.2] * 100, stock) == pytest.approx(0.2)
+    assert math.isnan(excess([500.0] * 99, stock))
+    stock.append([1.0] * 200)
+    assert excess([97.01] * 100, stock) == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(excess([500.0] * 100, [[1.0] * 99]))
 
 
 def test_a_window_also_closes_on_time_once_it_holds_a_quarter():
@@ -461,7 +468,8 @@ def test_a_challenger_is_judged_against_the_mean_of_the_incumbents_windows_not_i
     t.trial, t.arm, t.settling = Trial(STOCK, MB, 0.0), MB, 0
 
     def window(ln: float):
-        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50, "ttfts": [],
+        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50,
+                              "ttfts": [], "tpots": [],
                               "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
 
     t._closed(window(8.0))
@@ -484,7 +492,8 @@ def test_the_ledger_shown_is_net_so_that_noise_cancels_and_the_budget_counts_slo
     t.trial, t.arm, t.settling = Trial(STOCK, MB, 0.0), MB, 0
 
     def window(ln: float):
-        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50, "ttfts": [],
+        return type("W", (), {"arm": MB, "seconds": 10.0, "saturated": True, "completions": 50,
+                              "ttfts": [], "tpots": [],
                               "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
 
     t._closed(window(8.1))
