@@ -18,7 +18,8 @@ re-checks its neighbours and stock in turn after ``recheck`` completions, then t
 **Objective**: with latency targets set (``controller.slo_ttft_s``, ``slo_tpot_s``), every window is judged by
 its goodput instead of its throughput: its rate × the share of the output tokens of its requests that met every
 target (``ebctl.slo``). The trials, the ledger, the early stops and the gain against stock then all compare
-goodput; the TTFT guard is off (the targets replace it); status carries each window's and each arm's attainment.
+goodput; the TTFT and TPOT guards are off (the targets replace them); status carries each window's and each
+arm's attainment.
 A window judges only the requests whose first token came after its arm's run began (and after the window
 before it): a request finishing in it may have been admitted under the arm before a switch, and a batch turns over
 more slowly than the settling windows run. With targets, windows count at any load (latency depends on the arm
@@ -109,7 +110,6 @@ MIN_REF = 3  # steady windows of the incumbent before a trial: its windows' sd s
 # 10-s windows of stock ran from 3,010 to 3,990 tokens/s, and one low A0 made EB(k = 2) "win" by +20%)
 
 
-
 def excess(values: list[float], stock: list[list[float]]) -> float:
     """p99 of ``values`` (a challenger's TTFTs or TPOTs) over the p99 of ``stock``'s (stock's last steady
     windows'), − 1; NaN with fewer than ``MIN_TTFTS`` on either side (the p99 of fewer is one request's)."""
@@ -117,6 +117,7 @@ def excess(values: list[float], stock: list[list[float]]) -> float:
     if len(values) < MIN_TTFTS or len(ref) < MIN_TTFTS:
         return math.nan
     return float(np.percentile(values, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
+
 
 class Tuner:
     """One engine's measured search. ``bind`` each published policy, ``observe`` each report, run ``arm``."""
@@ -544,11 +545,12 @@ class Tuner:
         with a TTFT p99 half as long again; launched with ``--enable-mixed-chunk`` (inputs 10-240 tokens) EB(k = 6)
         ran 17% faster with a TPOT p99 24% longer, each refill stalling every decode. The next trial starts at
         once while searching."""
-        guarded = t.challenger != STOCK and not self.targets.set
-        over = [f"{what} p99 {x:+.0%} against stock's (at most {slack:+.0%})"
-                for what, x, slack in (("TTFT", excess(t.ttfts, self.stock_ttfts), self.p.ttft_slack),
-                                       ("TPOT", excess(t.tpots, self.stock_tpots), self.p.tpot_slack))
-                if guarded and x > slack]
+        over = []
+        if t.challenger != STOCK and not self.targets.set:
+            over = [f"{what} p99 {x:+.0%} against stock's (at most {slack:+.0%})"
+                    for what, x, slack in (("TTFT", excess(t.ttfts, self.stock_ttfts), self.p.ttft_slack),
+                                           ("TPOT", excess(t.tpots, self.stock_tpots), self.p.tpot_slack))
+                    if x > slack]
         if over:
             self._end_trial("lose", "; ".join(over), verdict_=verdict_, measured=measured)
         else:

@@ -2,10 +2,10 @@
 monitors), the poll loop, publishing and republishing policies, signals, and the metrics HTTP server.
 
 ``Shell(core, stop).run()`` serves a socket-free core (``Core``: what ``core.Daemon`` offers) until ``stop``
-is set: telemetry frames go to ``core.ingest``, control requests to ``core.handle_control``, SIGHUP to
-``core.reload``; the engines and dispatchers whose policy changed are published from ``core.engines`` and
-``core.dispatch``. The shell owns the sockets, the lock and the timers, and counts its own events (publishes,
-handshakes, faults) in ``core.counters``.
+is set or SIGTERM/SIGINT arrives: telemetry frames go to ``core.ingest``, control requests to
+``core.handle_control``, SIGHUP to ``core.reload``; the engines and dispatchers whose policy changed are published
+from ``core.engines`` and ``core.dispatch``. The shell owns the sockets, the lock and the timers, and counts its own
+events (publishes, handshakes, faults) in ``core.counters``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class Core(Protocol):
 
 
 class Shell:
-    """Sockets, timers and signals around ``core``; ``stop``: set it (a signal, the ``shutdown`` op,
-    ``Daemon.stop``) and ``run`` returns within POLL_MAX_S."""
+    """Sockets, timers and signals around ``core``; ``stop``: set it (the ``shutdown`` op, ``Daemon.stop``), or
+    send SIGTERM/SIGINT (``_signalled``), and ``run`` returns within POLL_MAX_S."""
 
     def __init__(self, core: Core, stop: threading.Event) -> None:
         self.core, self._stop = core, stop
