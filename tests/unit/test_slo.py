@@ -368,12 +368,17 @@ def test_a_pdi_arms_decode_only_steps_do_not_count_as_where_the_engines_admissio
     assert t.reach == 90
 
 
-@pytest.mark.parametrize(("targets", "n_obs", "needed"), [
-    ({"slo_tpot_s": 0.1}, 256.0, 400 + 2 * 256),  # with targets: the batch the engine held, 256 of 1,024 slots
-    ({}, 256.0, 400 + 2 * 1024),  # without: the engine's N, as the tables in docs/results were measured
-    ({"slo_tpot_s": 0.1}, math.nan, 400 + 2 * 1024),  # nothing seen yet: N
+@pytest.mark.parametrize(("targets", "n_obs", "filled", "needed"), [
+    # with targets: two turnovers of the batch the engine held, 256 of 1,024 slots, full window or not
+    ({"slo_tpot_s": 0.1}, 256.0, 400, 2 * 256),
+    ({"slo_tpot_s": 0.1}, 256.0, 100, 2 * 256),
+    ({"slo_tpot_s": 0.1}, math.nan, 100, 2 * 1024),  # nothing seen yet: N
+    ({}, 256.0, 400, 400 + 2 * 1024),  # without: a full window and two turnovers of the engine's N
+    ({}, 256.0, 100, None),  # ... never before the window is full
 ])
-def test_the_search_waits_for_two_turnovers_of_the_batch_the_engine_holds(targets, n_obs, needed):
+def test_the_search_waits_for_two_turnovers_of_the_batch_the_engine_holds(targets, n_obs, filled, needed):
+    """The start-up's end (``Steering.context``): with targets two turnovers of the batch; without, a full length
+    window too. The drift reference is taken from a full window only, targets or not."""
     from ebctl.estimate import LengthWindow
     from ebctl.probe import ModeProbe
     from ebctl.steer import Steering, View
@@ -381,12 +386,15 @@ def test_the_search_waits_for_two_turnovers_of_the_batch_the_engine_holds(target
     params = ControllerParams(tune_window=400, window=400, **targets)
     steer = Steering(Tuner(params.tuner()), ModeProbe())
     window = LengthWindow(400)
-    for _ in range(400):
+    for _ in range(filled):
         window.append(100, 10)
     view = View(params, None, True, 1024, 10**6, None, False, 1.0, 0, True, n_obs)
-    for completions, steady in ((needed - 1, False), (needed, True)):
+    batch = 256 if targets and n_obs == n_obs else 1024
+    checks = ((needed - 1, False), (needed, True)) if needed else ((10**6, False),)
+    for completions, steady in [*checks, (400 + 2 * batch, needed is not None)]:
         steer.context(view, window, completions, 100.0, 10.0, [0.4], Mode.EB)
         assert steer.tuner.steady is steady, completions
+        assert (steer._drift_ref is not None) is (filled == 400 and completions >= 400 + 2 * batch), completions
 
 
 def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
@@ -401,6 +409,22 @@ def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
     t._value = lambda _w: 4000.0  # its worth: 40× the reference
     t._closed(w)
     assert t.explore_net_s == pytest.approx(-10.0) and t.explore_s == 0.0
+
+
+@pytest.mark.parametrize(("missed", "windows"), [(4, 1), (3, 1), (2, 3), (0, 3)])
+def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_after_one_window(missed, windows):
+    """TPOT ≤ 100 ms; ``missed`` of every 5 of stock's requests take 200 ms per token. Windows of 50 completions:
+    5 cycles of 1.5 s (a prefill of 0.5 s, 10 decode steps of 0.1 s). Stock meeting the target for 1/5 or 2/5 of
+    its tokens (under a half) is challenged after its first window, at 7.5 s; for 3/5 or all of them after
+    three (MIN_REF), at 22.5 s."""
+    t = Tuner(TunerParams(window=50, slo_tpot_s=0.1))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
+    eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.2 if arm == STOCK and i % 5 < missed else 0.05)
+    while t.trial is None:
+        eng.cycle()
+    assert t.trial.started == pytest.approx(7.5 * windows)
+    # about 1 − missed/5: the first window does not judge the few slow requests whose first token came before 0 s
+    assert t.attained[STOCK] == pytest.approx(1 - missed / 5, abs=0.05)
 
 
 def test_with_targets_the_start_ups_windows_leave_the_reference_once_it_is_over():
