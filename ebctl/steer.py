@@ -45,6 +45,7 @@ class Steering:
         self.tuner = tuner
         self.probe = probe
         self._drift_ref: tuple[float, float] | None = None  # (μ̂_L, μ̂_O) at the tuner's last (re)start
+        self._started = False  # the start-up is over (``context``): once, though N_obs and the batch it waits for grow
         self._arms: dict[str, tuple[Mode, float, int, int, float]] = {}  # frozen for the trial in progress
         self._arms_trial = -1
 
@@ -78,7 +79,7 @@ class Steering:
         if targets and v.n_obs >= 1:
             batch = min(batch, math.ceil(v.n_obs))
         full = len(window) >= p.window and completions >= p.window + 2 * batch
-        steady = full or (targets and completions >= 2 * batch)
+        steady = self._started = self._started or full or (targets and completions >= 2 * batch)
         if full:
             now = tuple(float(np.log(np.maximum(x, 1)).mean()) for x in (window.inputs(), window.outputs()))
             ref = self._drift_ref

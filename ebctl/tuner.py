@@ -110,8 +110,12 @@ MIN_TTFTS = 100  # TTFTs (TPOTs) of each side before the latency guard compares 
 MIN_REF = 3  # steady windows of the incumbent before a trial: its windows' sd sets the bars (on the CPU server
 # 10-s windows of stock ran from 3,010 to 3,990 tokens/s, and one low A0 made EB(k = 2) "win" by +20%)
 # With latency targets, an incumbent whose last steady window met them for less than this share of its output tokens
-# needs one steady window before a trial, not MIN_REF (``_refs_needed``)
+# needs one steady window before a trial, not MIN_REF (``_refs_needed``); a window that judged none (NaN) needs MIN_REF
 MISSING = 0.5
+# Until the incumbent has MIN_REF steady windows (a trial begun under the one-window rule) the spread of its windows
+# is unknown: a challenger wins early only at twice its worth, stops early only beyond EARLY_STOP_SETTLING, and the
+# pairs' test waits for the MIN_REF-th window (``thin``)
+THIN_WIN = math.log(2.0)
 
 
 def excess(values: list[float], stock: list[list[float]]) -> float:
@@ -221,8 +225,11 @@ class Tuner:
             # arriving at once): their goodput is not the incumbent's steady state, and one of them sets the bars.
             # On simulated H200 (balanced, c = 256, TTFT ≤ 30 ms) the first window's was 183 tok/s against
             # 11,000-16,000 after: a window sd of 1.8 in ln, a bar of 4.1, and an mb trial at 1/80 of stock's goodput
-            # ran on for a minute. The trials then wait for MIN_REF windows of the steady state.
+            # ran on for a minute. The trials then wait for windows of the steady state (``_refs_needed``), and the
+            # window open now and the next ones judge only requests whose first token comes after this point.
             self.ref_lns, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], []
+            self.window, self._since = None, 0
+            self._run_since, self._run_done, self._starts = math.nan, 0, []
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
         arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
@@ -515,12 +522,12 @@ class Tuner:
                 lead, t.lead = t.lead, math.nan
                 mean = (lead + ln) / 2
                 var = self.window_sd**2 * (0.5 + 1.0 / max(len(self.ref_lns), 1))
-                if mean - ref > max(EARLY_STOP_MIN, EARLY_STOP_Z * math.sqrt(var)) + bar:
+                if mean - ref > max(EARLY_STOP_MIN, EARLY_STOP_Z * math.sqrt(var), self._thin_win) + bar:
                     self._win(t, w, f"clearly faster: {math.expm1(mean - ref):+.1%} in two windows",
                               measured=(mean - ref, var))
                     return
                 rate = math.exp(mean)
-            elif ln - ref > self.early_stop_bar + bar:
+            elif ln - ref > max(self.early_stop_bar, self._thin_win) + bar:
                 t.lead = ln  # one more window of the challenger before it may win
                 return
         t.rates.append((w.arm, rate))
@@ -528,7 +535,7 @@ class Tuner:
             d = t.diffs()
             v = verdict(d, prior_sd=self.prior_sd, min_pairs=self.p.min_pairs, max_pairs=self.p.max_pairs,
                         min_effect=self.p.min_effect)
-            if v.decision:
+            if v.decision and not self.thin:
                 measured = (v.effect, self._effect_var(d))
                 self._pool(d)
                 if v.decision == "win":
@@ -608,7 +615,20 @@ class Tuner:
         two whole windows, 58 s each on simulated RTX PRO 6000 at c = 2,048, where mb at −10% ran for two minutes
         before its first steady window stopped it)."""
         first = self.settling == _settle(self.arm)
-        return max(self.early_stop_bar, EARLY_STOP_SETTLING) if self.settling and first else self.early_stop_bar
+        wide = (self.settling and first) or self.thin
+        return max(self.early_stop_bar, EARLY_STOP_SETTLING) if wide else self.early_stop_bar
+
+    @property
+    def thin(self) -> bool:
+        """Has the incumbent fewer than MIN_REF steady windows? Only in a trial begun under the one-window rule
+        (``_refs_needed``): its windows' spread, which sets the bars, is unknown (``THIN_WIN``)."""
+        return len(self.ref_lns) < MIN_REF
+
+    @property
+    def _thin_win(self) -> float:
+        """The least ln ratio of an early win while ``thin`` (0 otherwise): a challenger that meets the targets
+        against an incumbent that met them for less than half its tokens is worth more than twice as much."""
+        return THIN_WIN if self.thin else 0.0
 
     def budget_left(self) -> float:
         """Engine seconds the search may still give up: ``explore_budget`` of the time since the first report,
