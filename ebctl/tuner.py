@@ -228,8 +228,7 @@ class Tuner:
             # ran on for a minute. The trials then wait for windows of the steady state (``_refs_needed``), and the
             # window open now and the next ones judge only requests whose first token comes after this point.
             self.ref_lns, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], []
-            self.window, self._since = None, 0
-            self._run_since, self._run_done, self._starts = math.nan, 0, []
+            self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
         arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
@@ -350,8 +349,7 @@ class Tuner:
             self.reach = r.running if math.isnan(self.reach) else self.reach + REACH_ALPHA * (r.running - self.reach)
         w = self.window
         if applied is None or applied.arm != self.arm:  # another arm's (a transition, a probe, an expiry)
-            self.window, self._since = None, 0
-            self._run_since, self._run_done, self._starts = math.nan, 0, []
+            self._new_run()
             return
         if math.isnan(self._run_since):
             self._run_since = start
@@ -381,6 +379,12 @@ class Tuner:
             w.saturated_s += dt
         if self.settling and self.trial is not None and w.arm == self.trial.challenger:
             self._peek(w, r.wall_time)
+
+    def _new_run(self) -> None:
+        """The window in progress is dropped and a new run begins at the next report: its windows judge only the
+        requests whose first token comes after it (``_judge_since``)."""
+        self.window, self._since = None, 0
+        self._run_since, self._run_done, self._starts = math.nan, 0, []
 
     def _judge_since(self) -> float:
         """With latency targets, the first-token time from which a window opening now judges requests: the start
