@@ -123,7 +123,14 @@ class Steering:
         the measured search's first trial: from stock that trial is mb's (``Tuner.neighbours``), which measures
         the mixed batches a probe would, and a probe drops the incumbent's next two whole windows
         (``Tuner.interrupt``); on the simulated CPU server (``tools/sim_cold.py``) the probe at 13 s put off the
-        first trial from about 40 s to 93 s."""
+        first trial from about 40 s to 93 s. With latency targets, no eb probe before that trial nor in any
+        trial: the fit it would feed only sets EB's entry θ, which the search then moves on measured goodput, and
+        an EB challenger's refills feed it anyway; the windows a probe drops stay whole (``Tuner._full``), and
+        before the first trial the incumbent that runs through them is the one not yet checked against the
+        targets. On the real CPU server launched with mixed chunks (stock met TTFT ≤ 1 s and TPOT ≤ 15 ms for
+        4-6% of its output tokens) the default's first trial came at 55-60 s; in the simulated ``cpu-mixed``
+        case with those targets the probe at 6 s and the two stock windows of 400 completions after it put it at
+        61 s (16 s without them)."""
         p = v.params
         if p.mode != "eb+" or not p.cost_online:
             self.probe.stop(now)
@@ -135,10 +142,13 @@ class Steering:
         need, target = "", None
         if not v.waiting_share >= SATURATED_SHARE:  # NaN (nothing seen yet) included
             return self.probe.decide(now, None, "", False)  # a probe in progress runs to its end
+        first = v.measured and self.tuner.counts["trials"] == 0  # before the measured search's first trial
         if (running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified()
-                and not (v.measured and self.tuner.counts["trials"] == 0)):
+                and not first):
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
-        if not need and running is not Mode.EB and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE)):
+        targets = p.slo_ttft_s > 0 or p.slo_tpot_s > 0
+        if (not need and running is not Mode.EB and not (targets and (first or trial))
+                and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE))):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
             target = Mode.EB
         cooling = not v.measured and v.updates_since_switch <= p.mode_cooldown

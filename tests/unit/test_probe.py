@@ -205,3 +205,26 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     stale.tuner._end_trial("aborted", "test")
     pol = stale.update(t + 0.01)  # every fit is stale by now; the mixed one is probed first
     assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
+
+
+def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial():
+    """The same server with latency targets: the prefill fit stays missing, and yet no eb probe runs before the
+    measured search's first trial (it would drop the incumbent's next two whole windows, and put off the trial
+    that checks an arm against the targets) nor while a trial runs (an EB challenger's refills feed the fit);
+    between trials it does, as without targets."""
+    prm = ControllerParams(mode="eb+", theta_method="measured", update_every=20, min_window=10, probe_s=2.0,
+                           probe_share=0.05, mode_cooldown=0, slo_ttft_s=1.0, slo_tpot_s=0.015)
+    ctl = Controller(prm)
+    t = _drive_mixed(ctl, 0.0, 400)
+    oc = ctl.online_costs
+    assert oc.passed(BatchKind.DECODE) and oc.passed(BatchKind.MIXED) and not oc.passed(BatchKind.PREFILL)
+    assert ctl.seen.waiting_share.value > 0.9  # saturated: without targets a probe would have run (test above)
+    assert ctl.tuner.counts["trials"] == 0 and ctl.probe.count == 0
+    ctl.tuner.trial, ctl.tuner.settling = None, 0
+    ctl.tuner.ref_lns = [8.0, 8.0, 8.0]
+    ctl.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
+    assert ctl.tuner.trial is not None
+    assert ctl.update(t + 0.01).mode is not Mode.EB and ctl.probe.count == 0
+    ctl.tuner._end_trial("aborted", "test")
+    pol = ctl.update(t + 0.02)
+    assert pol.mode is Mode.EB and "probe: eb for the prefill cost fit" in pol.reason and ctl.probe.count == 1
