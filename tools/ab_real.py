@@ -785,6 +785,10 @@ def main(argv: list[str] | None = None) -> int:
             a.report.write_text(md)
         print(md)
         return 0
+    harness()  # puts tools/sglang_cpu on the path
+    from server import exit_on_sigterm
+
+    exit_on_sigterm()
     for key, full, quick in (("runs", 3, 1), ("duration", 480.0, 45.0), ("last", 240.0, 20.0),
                              ("status_every", 60.0, 15.0)):
         if getattr(a, key) is None:

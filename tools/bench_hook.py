@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the test harness: daemon, 
 sys.path.insert(0, str(REPO))
 
 from harness import Daemon, Server, bench  # noqa: E402
-from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
+from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 CONFIGS = ("stock", "ebctl off", "ebctl eb")
 TORCH_PINNED = {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}  # = harness.ONE_TORCH_CORE
@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="sglang's default threading, torch on every core (default: one pinned OpenMP thread; "
                          "the module docstring says why)")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     torch = torch_env(a.all_cores)
     os.environ.update(torch)  # the replays below run in this process
     print(describe_torch(torch))

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: daemon, tap, 
 sys.path.insert(0, str(REPO))
 
 from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, ebctl_start, engine_config, server_env  # noqa: E402
-from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
+from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl import profiles  # noqa: E402
 from ebctl.costfit import KINDS, OnlineCosts  # noqa: E402
@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="ebctl config for both daemons (e.g. controller.cost_max_rel_err=0.3); default: the defaults")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     seconds_a, seconds_b = (60.0, 20.0) if a.quick else (a.duration, a.duration / 2)
     venv = sglang_venv(a.venv)
     ensure_installed(venv)

@@ -349,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     a.last = min(a.last, a.duration)
 
     h = ab_real.harness()
-    from server import ensure_installed, sglang_venv
+    from server import ensure_installed, exit_on_sigterm, sglang_venv
+
+    exit_on_sigterm()
 
     venv = sglang_venv(a.venv)
     ensure_installed(venv)

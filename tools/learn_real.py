@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: server enviro
 sys.path.insert(0, str(REPO))
 
 from harness import ONE_TORCH_CORE, bench, ebctl_start, server_env  # noqa: E402
-from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
+from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="ebctl config (default: none)")
     a = ap.parse_args(argv)
+    exit_on_sigterm()
     seconds = 150.0 if a.quick else a.duration
     sets = [*(QUICK_SETS if a.quick else []), *a.set]
     venv = sglang_venv(a.venv)

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 import msgspec  # noqa: E402
 from harness import Rig, server_env  # noqa: E402
-from server import ensure_installed, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
+from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl import calibrate  # noqa: E402
 from ebctl.protocol import Mode, Policy  # noqa: E402
@@ -218,6 +218,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="directory for the calibrated profile and the raw results")
     ap.add_argument("--json", default=None, help="write the figures here as JSON")
     a = ap.parse_args()
+    exit_on_sigterm()
     configs, requests, repeats = (QUICK, 120, 1) if a.quick else (FULL, a.requests, a.repeats)
     if a.concurrency <= MAX_RUNNING:
         ap.error(f"--concurrency {a.concurrency}: must be above --max-running-requests {MAX_RUNNING}")

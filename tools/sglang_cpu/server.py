@@ -151,6 +151,13 @@ def stop(proc: subprocess.Popen, grace: float = 15.0) -> int | None:
     return proc.returncode
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread, so that the caller's ``finally`` blocks stop the servers it
+    started. A tool left running in the background, where SIGINT is ignored, is stopped with SIGTERM, and
+    Python's default action for it ends the process at once and leaves its servers serving."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def _tail(proc: subprocess.Popen, n: int = 40) -> str:
     path = getattr(proc, "log_path", None)
     if not path or not os.path.exists(path):
