@@ -662,7 +662,7 @@ class Tuner:
     def _start_trial(self, last: Window) -> None:
         """The next challenger of the incumbent; ``last``, the window just measured, is the trial's A0 when it
         is the incumbent's."""
-        if self.budget_left() <= 0 and not self._missing():  # the budget is spent: stay until it has accrued again
+        if self.budget_left() <= 0:  # the exploration budget is spent: stay until it has accrued again
             return
         if len(self.ref_lns) < self._refs_needed():  # the incumbent's noise is not known yet
             return
@@ -699,17 +699,9 @@ class Tuner:
         TTFT ≤ 1 s and TPOT ≤ 15 ms for 4-14% of its tokens, ``pdi@8`` for 97-100%: +700% to +1,350% of goodput),
         and one that misses them as often is worth about as little, whichever of the two the bars keep: each
         further window of stock there costs its seconds × about 85% of the goodput."""
-        return 1 if self._missing() else MIN_REF
-
-    def _missing(self) -> bool:
-        """With latency targets: did the incumbent's last steady window meet them for less than ``MISSING`` of its
-        output tokens? Then it needs one reference window before a trial (``_refs_needed``), and trials start
-        whatever the exploration budget says: what a trial can give up is under half the incumbent's rate, where
-        an arm that meets the targets is worth many times its goodput. On simulated H200 (azure-conv, c = 512,
-        TTFT ≤ 10 s, TPOT ≤ 100 ms) ``pdi@8`` won while stock's queue drained, then met the targets for none of
-        its tokens once its own queue had built; ``pdi@16``'s trial, as far off and 2% slower, spent the budget,
-        and ``pdi@4`` (97% of its requests within both, as a static setting) was never tried in the 600 s left."""
-        return self.targets.set and self.attained.get(self.incumbent, 1.0) < MISSING
+        if self.targets.set and self.attained.get(self.incumbent, 1.0) < MISSING:
+            return 1
+        return MIN_REF
 
     def _rest(self) -> None:
         """Nothing left to try: stay, and re-check after ``recheck_gap`` completions (then a longer gap)."""
@@ -822,7 +814,7 @@ class Tuner:
             return "waiting for saturation"
         if self.settled:
             return "settled"
-        return "searching" if self.budget_left() > 0 or self._missing() else "exploration budget spent"
+        return "searching" if self.budget_left() > 0 else "exploration budget spent"
 
     def status(self) -> dict[str, Any]:
         """For ``ebctl status`` and the metrics: the search's state, the arm running, the trial in progress,

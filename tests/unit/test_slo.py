@@ -429,23 +429,6 @@ def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_afte
     assert t.attained[STOCK] == pytest.approx(attained)
 
 
-@pytest.mark.parametrize(("missed", "tried"), [(4, True), (0, False)])
-def test_an_incumbent_that_misses_the_targets_is_challenged_whatever_the_exploration_budget(missed, tried):
-    """No exploration budget at all (``explore_budget`` 0). Stock meeting TPOT ≤ 100 ms for 1 in 5 of its
-    requests (10 of the 44 judged in its first window: the test above) is challenged all the same, after that
-    window, at 7.5 s; meeting it for all of them, it is not, over 150 s (100 cycles of 1.5 s)."""
-    t = Tuner(TunerParams(window=50, slo_tpot_s=0.1, explore_budget=0.0))
-    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
-    eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.2 if arm == STOCK and i % 5 < missed else 0.05)
-    while t.trial is None and eng.now < 150.0:
-        eng.cycle()
-    assert (t.trial is not None) is tried
-    if tried:
-        assert t.trial.started == pytest.approx(7.5) and t.state() == "trial"
-    else:
-        assert t.counts["trials"] == 0 and t.state() == "exploration budget spent"
-
-
 @pytest.mark.parametrize(("ratio", "early", "effect"), [(1.5, False, 0.5), (5.0, True, 44 / 10 - 1)])
 def test_a_trial_begun_on_one_window_wins_early_only_at_twice_the_incumbents_worth(ratio, early, effect):
     """Stock meets TPOT ≤ 100 ms for 1 in 5 of its requests (one reference window: the one-window rule); the
