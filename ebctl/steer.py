@@ -15,6 +15,7 @@ from ebctl.estimate import LengthWindow
 from ebctl.params import ControllerParams, Fit
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Mode
+from ebctl.slo import Targets
 from ebctl.trial import SATURATED_SHARE
 from ebctl.tuner import Tuner
 
@@ -75,7 +76,7 @@ class Steering:
         completions, 324 s of a 1,740-s run)."""
         p = v.params
         batch = v.n_limit
-        targets = p.slo_ttft_s > 0 or p.slo_tpot_s > 0
+        targets = Targets(p.slo_ttft_s, p.slo_tpot_s).set
         if targets and v.n_obs >= 1:
             batch = min(batch, math.ceil(v.n_obs))
         full = len(window) >= p.window and completions >= p.window + 2 * batch
@@ -146,7 +147,7 @@ class Steering:
         if (running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified()
                 and not first):
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
-        targets = p.slo_ttft_s > 0 or p.slo_tpot_s > 0
+        targets = Targets(p.slo_ttft_s, p.slo_tpot_s).set
         if (not need and running is not Mode.EB and not (targets and (first or trial))
                 and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE))):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
