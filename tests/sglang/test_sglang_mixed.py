@@ -63,12 +63,17 @@ def _chunk_goes_on_alone(rig, st0, k):
     mark = rig.tap.mark()
     # Open loop (Poisson arrivals): requests arrive while a long prompt's prefill goes on over several steps
     # (up to 600 tokens, 64 a step) after the refill that admitted it ended (the queue had emptied).
-    res = rig.bench(num_prompts=60, input_len=600, output_len=8, range_ratio=0.1, concurrency=60, seed=31,
-                    request_rate=15.0)
-    assert res["completed"] == 60
-    time.sleep(0.3)
-    lines = [json.loads(x) for x in rig.trace.read_text().splitlines()[start:]]
-    held = {d["it"] for d in lines if d.get("reason") == "chunk_in_flight"}
+    # Whether an arrival lands in a chunked prefill is chance (fewer do on a faster machine): up to three rounds
+    # of fresh prompts until the case has happened at least three times.
+    for seed in (31, 32, 33):
+        res = rig.bench(num_prompts=60, input_len=600, output_len=8, range_ratio=0.1, concurrency=60, seed=seed,
+                        request_rate=15.0)
+        assert res["completed"] == 60
+        time.sleep(0.3)
+        lines = [json.loads(x) for x in rig.trace.read_text().splitlines()[start:]]
+        held = {d["it"] for d in lines if d.get("reason") == "chunk_in_flight"}
+        if len(held) >= 3:
+            break
     planned = {d["it"]: d for d in lines if "planned" in d}
     assert len(held) >= 3, Counter(d.get("reason") for d in lines)  # the case happened
     # Each step where the gate held while a chunk was in flight ran that chunk alone: one request.
