@@ -46,7 +46,9 @@ budget holds, counts the slower windows only, so that it cannot be paid for by a
 stock's 10-s windows ran from −15% to +15% around their mean, and a challenger as fast as the incumbent adds about
 0.4 sd of that noise per window to it (3.6-8.2% of the run on the real server, where the net figure is the one to
 read). A trial starts only while the bound is under ``explore_budget`` of the time since the first report
-(``budget_left``): the share given up stays within the budget plus one trial. One window clearly off the incumbent's
+(``budget_left``): the share given up stays within the budget plus one trial. With latency targets, from an
+incumbent that meets them for at least half its tokens, only once the budget left covers a trial's expected cost
+(``trial_cost``): there a losing challenger's queue outlives its trial. One window clearly off the incumbent's
 reference (``early_stop_bar``) decides a trial at once: a slower challenger loses, even in its settling window
 (looked at once it has run ``window_s``, ``_peek``; in the first settling window only beyond
 ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and wins if the two
@@ -164,7 +166,7 @@ class Tuner:
         self._since = 0  # completions since the last cycle boundary of the running arm
         self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
         self.settling = 0  # windows of the running arm still to drop (it follows a switch)
-        self._peeked = math.nan  # the start of the settling window last looked at (``_peek``)
+        self._peeked = -math.inf  # when a settling window was last looked at (``_peek``)
         self.n = 0  # the engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
@@ -172,6 +174,7 @@ class Tuner:
         self.explore_net_s = 0.0  # the same with the faster windows counted against it (the estimate shown)
         self.explore_run_s = 0.0  # seconds the engine ran a challenger (settling windows included)
         self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
+        self.ref_att: list[float] = []  # ... and, with targets, their attainments
         self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
         self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
@@ -227,7 +230,7 @@ class Tuner:
             # 11,000-16,000 after: a window sd of 1.8 in ln, a bar of 4.1, and an mb trial at 1/80 of stock's goodput
             # ran on for a minute. The trials then wait for windows of the steady state (``_refs_needed``), and the
             # window open now and the next ones judge only requests whose first token comes after this point.
-            self.ref_lns, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], []
+            self.ref_lns, self.ref_att, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], [], []
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
@@ -281,7 +284,7 @@ class Tuner:
         """The incumbent's arm can no longer run: stock becomes the incumbent, with nothing of the old one's
         measurements (its windows' reference, its gain, the search's position around it)."""
         self.incumbent = STOCK
-        self.ref_lns, self.tried, self.direction, self.settled = [], set(), 0, False
+        self.ref_lns, self.ref_att, self.tried, self.direction, self.settled = [], [], set(), 0, False
         self.gain_ln, self.gain_var = 0.0, 0.0
 
     def neighbours(self) -> list[str]:
@@ -295,8 +298,11 @@ class Tuner:
         for TPOT, each prefill waiting for up to N decode steps and no decode step stalled by one, which no EB
         arm does (EB's refills stall every running request at once). From stock or mb, ``pdi@PD_FIRST`` comes
         first where the incumbent's requests missed TPOT more often than TTFT (``tpot_binds``), last otherwise;
-        from pdi@N, N doubled and halved (below 1: stock). On the real CPU server (``--enable-mixed-chunk``,
-        TTFT ≤ 1.5 s and TPOT ≤ 20 ms) sglang alone met both for 19% of its output tokens and
+        from pdi@N, N doubled and halved (below 1: stock), in the direction of the last win between intervals, else
+        doubled first only where TPOT binds (a longer interval holds prefills back longer: TTFT grows; on simulated
+        H200, azure-conv, c = 512, the paper's targets, pdi@8 won against stock, then met them for none of its
+        tokens, and pdi@16 tried first spent the budget: pdi@4, at 97%, never ran). On the real CPU server
+        (``--enable-mixed-chunk``, TTFT ≤ 1.5 s and TPOT ≤ 20 ms) sglang alone met both for 19% of its output tokens and
         ``--prefill-decode-interval 8`` for 97%, ``--min-free-slots-delay 4`` (sglang's EB(4)) for 53%."""
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
@@ -310,7 +316,8 @@ class Tuner:
             n = self.pd_interval(inc)
             up = f"{PDI}{2 * n}" if 2 * n <= PD_MAX else None
             down = f"{PDI}{n // 2}" if n > 1 else STOCK
-            return [a for a in ([down, up] if self.direction < 0 else [up, down]) if a is not None]
+            longer = self.direction > 0 if self.direction else self.tpot_binds
+            return [a for a in ([up, down] if longer else [down, up]) if a is not None]
         i, k = int(inc[3:]), self.k(inc)
 
         def other(js: range) -> str | None:  # the first grid point of js whose k differs from the incumbent's
@@ -402,13 +409,16 @@ class Tuner:
         return since
 
     def _peek(self, w: Window, now: float) -> None:
-        """A challenger's settling window stays whole (``_full``), but one that has run ``window_s`` seconds and
-        holds a quarter of ``window`` is looked at once: clearly slower already, it ends the trial there, and
-        a bad arm costs 10 s instead of a whole window (27 s on the CPU server)."""
-        if self._peeked == w.start or not (now - w.start >= self.p.window_s > 0
-                                           and w.completions >= self.p.window // MIN_WINDOW_SHARE):
+        """A challenger's settling window stays whole (``_full``), but one that holds a quarter of ``window`` is
+        looked at every ``window_s`` seconds: clearly slower already, it ends the trial there, and a bad arm costs
+        10 s instead of a whole window (27 s on the CPU server). Not once only: with latency targets a challenger
+        that builds a queue misses them more the longer it runs (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms
+        and TPOT ≤ 22 ms: mb's settling window passed its look at 10 s and ran 36 s to 34% attainment; looked at
+        every 10 s it lost at 20 s, and the run's goodput rose from 79.9% to 87.8% of stock's)."""
+        last = self._peeked if self._peeked >= w.start else w.start
+        if not (now - last >= self.p.window_s > 0 and w.completions >= self.p.window // MIN_WINDOW_SHARE):
             return
-        self._peeked = w.start
+        self._peeked = now
         rate, ref = self._value(w), self._ref()
         saturated = (w.saturated_s >= SATURATED_SHARE * (now - w.start) if not self.targets.set
                      else w.judged_tokens > 0)
@@ -482,6 +492,7 @@ class Tuner:
                 self.explore_net_s -= w.seconds * min(math.expm1(ln - ref), 1.0)
         elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
+            self.ref_att = [*self.ref_att[-(REF_WINDOWS - 1):], w.attainment()]
         if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():
             sd = self.early_stop_bar / EARLY_STOP_Z
             self._end_trial("lose", f"clearly slower: {math.expm1(ln - ref):+.1%} in one window",
@@ -593,7 +604,7 @@ class Tuner:
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
             self._to_stock()
             self._run(STOCK)
-        self.ref_lns, self.attained = [], {}
+        self.ref_lns, self.ref_att, self.attained = [], [], {}
         self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
     @property
@@ -641,6 +652,19 @@ class Tuner:
         elapsed = self._last_wall - self.first_wall
         return self.p.explore_budget * elapsed - self.explore_s if math.isfinite(elapsed) else 0.0
 
+    def trial_cost(self) -> float:
+        """Engine seconds a trial is expected to give up: the mean of the trials so far (the bound's sum over the
+        trials started), one window's seconds before any. With latency targets a trial starts from an incumbent
+        that met them for at least ``MISSING`` of its tokens (the mean over its last steady windows: on simulated
+        RTX PRO 6000, azure-conv, c = 512, one of stock's met them for 42% between windows at 74-84%) only once
+        the budget left covers it: a challenger that misses them leaves a queue behind that the incumbent drains
+        for windows after the trial (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms and TPOT ≤ 22 ms: mb lost
+        −59% in one window, and the two windows back to stock met the targets for 23% and 72% of their tokens
+        against stock's 82-87%; that one trial gave up 51 s of a 267-s run). An incumbent that misses them for
+        most tokens is challenged at once: each of its windows costs more than a trial."""
+        n = self.counts["trials"]
+        return self.explore_s / n if n else self.p.window_s
+
     @property
     def prior_sd(self) -> float:
         """The pooled sd of a pair's ln-ratio over earlier trials (PRIOR_SD before any), shrunk the same way; at
@@ -663,6 +687,9 @@ class Tuner:
         """The next challenger of the incumbent; ``last``, the window just measured, is the trial's A0 when it
         is the incumbent's."""
         if self.budget_left() <= 0:  # the exploration budget is spent: stay until it has accrued again
+            return
+        if self.targets.set and self.ref_att and np.mean(self.ref_att) >= MISSING \
+                and self.budget_left() < self.trial_cost():
             return
         if len(self.ref_lns) < self._refs_needed():  # the incumbent's noise is not known yet
             return
@@ -742,7 +769,7 @@ class Tuner:
             else:
                 self.direction = -1 if new == STOCK else 0
             self.incumbent = new
-            self.ref_lns = []  # the old incumbent's windows say nothing of the new one's spread
+            self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
             self.tried = {old}
             self.settled = False
             self.recheck_gap = self.p.recheck

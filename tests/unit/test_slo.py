@@ -326,6 +326,24 @@ def test_with_a_tpot_target_stock_tries_sglangs_prefill_decode_interval_first_an
     assert t.mode("pdi@8") is Mode.OFF and t.pd_interval("pdi@8") == 8 and t.pd_interval(STOCK) == 0
 
 
+def test_from_the_interval_that_won_against_stock_the_search_shortens_it_first_where_ttft_binds():
+    """TTFT ≤ 1 s, TPOT ≤ 100 ms. Stock meets TTFT and misses TPOT for every request, so pdi@8 comes first and
+    wins; under pdi@8 every other request waits 2 s for its first token (TTFT binds): the next trial halves the
+    interval (pdi@4 meets both for every request), not doubles it (pdi@16 misses TTFT for all). On simulated H200
+    (azure-conv, c = 512, the paper's targets) pdi@16 was tried first there, lost 0% against 0%, and spent the
+    exploration budget: pdi@4, at 97%, never ran."""
+    n = iter(range(10**9))
+    ttft = {"pdi@8": lambda: 2.0 if next(n) % 2 else 0.5, "pdi@16": lambda: 2.0}
+    t = Tuner(TunerParams(window=50, slo_ttft_s=1.0, slo_tpot_s=0.1))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5, allow_pdi=True)
+    eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.2 if arm == STOCK else 0.05,
+                 ttft=lambda arm: ttft.get(arm, lambda: 0.5)())
+    eng.run(1500)
+    steps = [(h["incumbent"], h["challenger"], h["decision"]) for h in t.history[:2]]
+    assert steps == [(STOCK, "pdi@8", "win"), ("pdi@8", "pdi@4", "win")]
+    assert t.incumbent.startswith("pdi@") and t.pd_interval(t.incumbent) <= 4
+
+
 def test_pdi_arms_need_targets_and_an_engine_that_applies_them_and_come_last_where_ttft_binds():
     t = Tuner(TunerParams(window=50, slo_ttft_s=1.0))
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
@@ -343,6 +361,17 @@ def test_pdi_arms_need_targets_and_an_engine_that_applies_them_and_come_last_whe
     assert t.neighbours() == ["pdi@2", STOCK]
     t.incumbent = "pdi@32"
     assert t.neighbours() == ["pdi@16"]
+    # from pdi@8: the direction of the last win between intervals; after a win from stock, halved first unless
+    # TPOT binds (a longer interval holds prefills back longer)
+    t.incumbent, t.direction = "pdi@8", 0
+    t.tpot_binds = False
+    assert t.neighbours() == ["pdi@4", "pdi@16"]
+    t.tpot_binds = True
+    assert t.neighbours() == ["pdi@16", "pdi@4"]
+    t.direction = -1
+    assert t.neighbours() == ["pdi@4", "pdi@16"]
+    t.direction, t.tpot_binds = 1, False
+    assert t.neighbours() == ["pdi@16", "pdi@4"]
     # an engine that stops applying it (restarted on another sglang): back to stock, nothing of pdi's kept
     t.ref_lns, t.gain_ln, t.gain_var, t.tried = [7.0] * 4, 0.64, 0.01, {"pdi@16"}
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=False)
@@ -411,22 +440,46 @@ def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
     assert t.explore_net_s == pytest.approx(-10.0) and t.explore_s == 0.0
 
 
-@pytest.mark.parametrize(("missed", "windows", "attained"), [(4, 1, 10 / 44), (3, 1, 20 / 45), (2, 3, 0.6),
-                                                            (0, 3, 1.0)])
-def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_after_one_window(missed, windows,
+@pytest.mark.parametrize(("missed", "started", "attained"), [(4, 7.5, 10 / 44), (3, 7.5, 20 / 45), (2, 1005.0, 0.6),
+                                                            (0, 1005.0, 1.0)])
+def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_after_one_window(missed, started,
                                                                                               attained):
     """TPOT ≤ 100 ms; ``missed`` of every 5 of stock's requests take 200 ms per token. Windows of 50 completions:
     5 cycles of 1.5 s (a prefill of 0.5 s, 10 decode steps of 0.1 s). Stock meeting the target for under half of
-    its tokens is challenged after its first window, at 7.5 s; for 3/5 or all of them after three (MIN_REF), at
-    22.5 s. The first window does not judge the requests whose first token came before the run began (its first
-    report, at 0.5 s): of 4 slow ones in 5, 10 of the 44 judged are within the target; of 3 in 5, 20 of 45."""
+    its tokens is challenged after its first window, at 7.5 s. Meeting it for 3/5 or all of them, stock is
+    challenged once the budget (1% of the time since the first report, at 0.5 s) covers a trial's expected cost,
+    one window's seconds (10 s) before any: at the first window's end from 1,000.5 s on, 134 × 7.5 = 1,005 s
+    (``Tuner.trial_cost``). The first window does not judge the requests whose first token came before the run
+    began (its first report, at 0.5 s): of 4 slow ones in 5, 10 of the 44 judged are within the target; of 3 in 5,
+    20 of 45."""
     t = Tuner(TunerParams(window=50, slo_tpot_s=0.1))
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
     eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.2 if arm == STOCK and i % 5 < missed else 0.05)
     while t.trial is None:
         eng.cycle()
-    assert t.trial.started == pytest.approx(7.5 * windows)
+    assert t.trial.started == pytest.approx(started)
     assert t.attained[STOCK] == pytest.approx(attained)
+
+
+@pytest.mark.parametrize(("att", "explore_s", "trials", "wall", "starts"), [
+    ([0.8, 0.8, 0.4], 0.0, 0, 500.0, False),  # met for 2/3 on average (its last window 40%): 5 s left, a trial 10 s
+    ([0.8, 0.8, 0.4], 0.0, 0, 1000.5, True),  # 1% of 1,000 s covers one window's 10 s
+    ([0.3, 0.4, 0.6], 0.0, 0, 500.0, True),  # met for 43% on average: challenged whatever the budget says
+    ([0.8, 0.8, 0.8], 30.0, 2, 4000.5, False),  # two trials gave up 30 s: 15 s each; 40 − 30 = 10 s left
+    ([0.8, 0.8, 0.8], 30.0, 2, 4600.5, True),  # 46 − 30 = 16 s left
+])
+def test_from_an_incumbent_meeting_the_targets_a_trial_waits_until_the_budget_covers_its_expected_cost(
+        att, explore_s, trials, wall, starts):
+    """TTFT ≤ 1 s; stock has three steady windows with the attainments ``att``; the first report came at 0.5 s and
+    the budget is 1% of the time since. Where stock met the targets for at least half its tokens on average, the
+    budget left must cover a trial's expected cost: the mean cost of the trials so far, one window (10 s) before
+    any."""
+    t = Tuner(TunerParams(window=50, slo_ttft_s=1.0))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
+    t.ref_lns, t.ref_att = [7.0] * 3, att
+    t.first_wall, t._last_wall, t.explore_s, t.counts["trials"] = 0.5, wall, explore_s, trials
+    t._start_trial(Window("eb@3", 0.0))
+    assert (t.trial is not None) is starts
 
 
 @pytest.mark.parametrize(("ratio", "early", "effect"), [(1.5, False, 0.5), (5.0, True, 44 / 10 - 1)])
