@@ -506,3 +506,24 @@ def test_the_ledger_shown_is_net_so_that_noise_cancels_and_the_budget_counts_slo
     assert t.explore_net_s - net == pytest.approx(-10 * math.expm1(0.2)) and t.explore_s == bound
     g = t.gain()
     assert g["explore_cost_s"] == t.explore_net_s and g["explore_bound_s"] == t.explore_s
+
+
+def test_a_challengers_settling_window_is_looked_at_every_window_s():
+    """EB(θ) on trial against stock's three reference windows at 100 tok/s (sd 0: the bar is 3%, 15% in the first
+    settling window). Its settling window, 10 s in, runs at 95 (−5%: it goes on); at 15 s at 80 it is not looked
+    at (5 s since the last look); at 20 s, still at 80 (−22%), it is, and the trial is lost there."""
+    t = Tuner(TunerParams(window=400, window_s=10.0))
+    t.ref_lns = [math.log(100.0)] * 3
+    t.trial = Trial(STOCK, "eb@3", 0.0)
+    t._run("eb@3")
+    w = t.window = Window("eb@3", 0.0)
+    w.completions, w.saturated_s = 150, 20.0
+    rate = {"now": 95.0}
+    t._value = lambda _w: rate["now"]
+    t._peek(w, 10.0)
+    assert t.trial is not None and t.window is w
+    rate["now"] = 80.0
+    t._peek(w, 15.0)
+    assert t.trial is not None
+    t._peek(w, 20.0)
+    assert t.trial is None and t.history[-1]["decision"] == "lose" and t.arm == STOCK
