@@ -50,7 +50,7 @@ read). A trial starts only while the bound is under ``explore_budget`` of the ti
 incumbent that meets them for at least half its tokens, only once the budget left covers a trial's expected cost
 (``trial_cost``): there a losing challenger's queue outlives its trial. One window clearly off the incumbent's
 reference (``early_stop_bar``) decides a trial at once: a slower challenger loses, even in its settling window
-(looked at once it has run ``window_s``, ``_peek``; in the first settling window only beyond
+(looked at every ``window_s``, ``_peek``; in the first settling window only beyond
 ``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and wins if the two
 windows' mean clears the bar for two (``_closed``), else the two are the pair's B. A faster challenger other than
 stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack``, or whose TPOT p99 exceeds it by more than
