@@ -654,16 +654,19 @@ class Tuner:
 
     def trial_cost(self) -> float:
         """Engine seconds a trial is expected to give up: the mean of the trials so far (the bound's sum over the
-        trials started), one window's seconds before any. With latency targets a trial starts from an incumbent
-        that met them for at least ``MISSING`` of its tokens (the mean over its last steady windows: on simulated
-        RTX PRO 6000, azure-conv, c = 512, one of stock's met them for 42% between windows at 74-84%) only once
-        the budget left covers it: a challenger that misses them leaves a queue behind that the incumbent drains
-        for windows after the trial (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms and TPOT ≤ 22 ms: mb lost
-        −59% in one window, and the two windows back to stock met the targets for 23% and 72% of their tokens
-        against stock's 82-87%; that one trial gave up 51 s of a 267-s run). An incumbent that misses them for
-        most tokens is challenged at once: each of its windows costs more than a trial."""
+        trials started), never less than one window's seconds: a trial that won gave up nothing, which says nothing
+        of what a losing one costs (on the real CPU server, after ``pdi@8`` won against stock at no cost, trials of
+        ``pdi@4`` and ``pdi@16`` started at once and met the targets for 83-91% of their tokens against the
+        incumbent's 100%). With latency targets a trial starts from an incumbent that met them for at least
+        ``MISSING`` of its tokens (the mean over its last steady windows: on simulated RTX PRO 6000, azure-conv,
+        c = 512, one of stock's met them for 42% between windows at 74-84%) only once the budget left covers it: a
+        challenger that misses them leaves a queue behind that the incumbent drains for windows after the trial
+        (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms and TPOT ≤ 22 ms: mb lost −59% in one window, and the
+        two windows back to stock met the targets for 23% and 72% of their tokens against stock's 82-87%; that one
+        trial gave up 51 s of a 267-s run). An incumbent that misses them for most tokens is challenged at once:
+        each of its windows costs more than a trial."""
         n = self.counts["trials"]
-        return self.explore_s / n if n else self.p.window_s
+        return max(self.explore_s / n if n else 0.0, self.p.window_s)
 
     @property
     def prior_sd(self) -> float:

@@ -465,6 +465,8 @@ def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_afte
     ([0.8, 0.8, 0.4], 0.0, 0, 500.0, False),  # met for 2/3 on average (its last window 40%): 5 s left, a trial 10 s
     ([0.8, 0.8, 0.4], 0.0, 0, 1000.5, True),  # 1% of 1,000 s covers one window's 10 s
     ([0.3, 0.4, 0.6], 0.0, 0, 500.0, True),  # met for 43% on average: challenged whatever the budget says
+    ([0.8, 0.8, 0.8], 0.0, 1, 500.0, False),  # one trial, won at no cost: the next still needs one window's 10 s
+    ([0.8, 0.8, 0.8], 0.0, 1, 1000.5, True),
     ([0.8, 0.8, 0.8], 30.0, 2, 4000.5, False),  # two trials gave up 30 s: 15 s each; 40 − 30 = 10 s left
     ([0.8, 0.8, 0.8], 30.0, 2, 4600.5, True),  # 46 − 30 = 16 s left
 ])
@@ -472,8 +474,7 @@ def test_from_an_incumbent_meeting_the_targets_a_trial_waits_until_the_budget_co
         att, explore_s, trials, wall, starts):
     """TTFT ≤ 1 s; stock has three steady windows with the attainments ``att``; the first report came at 0.5 s and
     the budget is 1% of the time since. Where stock met the targets for at least half its tokens on average, the
-    budget left must cover a trial's expected cost: the mean cost of the trials so far, one window (10 s) before
-    any."""
+    budget left must cover a trial's expected cost: the mean cost of the trials so far, at least one window (10 s)."""
     t = Tuner(TunerParams(window=50, slo_ttft_s=1.0))
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, allow_pdi=True)
     t.ref_lns, t.ref_att = [7.0] * 3, att
