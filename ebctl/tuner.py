@@ -539,7 +539,7 @@ class Tuner:
                 var = self.window_sd**2 * (0.5 + 1.0 / max(len(self.ref_lns), 1))
                 if mean - ref > max(EARLY_STOP_MIN, EARLY_STOP_Z * math.sqrt(var), self._thin_win) + bar:
                     self._win(t, w, f"clearly faster: {math.expm1(mean - ref):+.1%} in two windows",
-                              measured=(mean - ref, var))
+                              measured=(mean - ref, var if len(self.ref_lns) >= MIN_REF else math.nan))
                     return
                 rate = math.exp(mean)
             elif ln - ref > max(self.early_stop_bar, self._thin_win) + bar:
@@ -812,7 +812,8 @@ class Tuner:
         """What the incumbent buys against stock by the tuner's measurements (``_gain_ln``): the ratio − 1 with
         its 95% interval (0 at stock), and the share of the time given up to exploring so far (``explore_net_s``
         over the time since the first report, negative where the trials ran ahead; ``explore_bound_s``: the
-        budget's one-sided sum, ``explore_s``; ``explore_run_s``: the time challengers ran)."""
+        budget's one-sided sum, ``explore_s``; ``explore_run_s``: the time challengers ran). A gain carried from
+        a win on two windows against a single reference window has no interval (NaN): one window has no spread."""
         ln, var = self._gain_ln()
         half = 1.96 * math.sqrt(var)
         elapsed = self._last_wall - self.first_wall

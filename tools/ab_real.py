@@ -27,7 +27,10 @@ Configurations (``--configs``, comma-separated; each is a HEAD, optionally ``:IT
   ``pdi=N``. E.g. ``'ebctl:controller.mode=off'``, ``'ebctl:mixed;controller.mode=eb'``,
   ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given.
 
-Configurations run INTERLEAVED: round 1 runs each once in the order given, then round 2, ... (``--runs``).
+Configurations run INTERLEAVED: each round (``--runs``) runs each once. ``--order rotate`` (the default) starts
+round r at the r-th configuration (a Latin square over as many rounds as configurations): a configuration that
+always ran first, right after the previous round's last server, would carry whatever that position does to it;
+``--order given`` keeps the order given.
 
 The client (one process in the sglang venv's python: asyncio on uvloop + aiohttp; about 10% of one core at
 1,000 output tok/s here, printed per run) is a timed CLOSED LOOP:
@@ -706,10 +709,12 @@ def report(doc: dict[str, Any], command: str) -> str:
     width = max(len(n) for n in names)
     placed = ("the scheduler's main thread alone on CPU 0 (pin())" if st.get("pin") else
               "not pinned (sglang binds threads only on AMX or arm64 CPUs)")
+    orders = {"rotate": " (each round's order rotated by one)", "given": " (in the order given)"}
     out = [f"`{command}`", "",
            f"{st['runs']} round(s) of {st['duration']:.0f} s, c = {st['concurrency']}, workload "
            f"{doc['workload']['source']} (seed {doc['workload']['seed']}), base args `{shlex.join(doc['base_args'])}`, "
-           f"one OpenMP thread, {placed}; configurations interleaved, each run on a fresh server.", "", "```",
+           f"one OpenMP thread, {placed}; configurations interleaved{orders.get(st.get('order'), '')}, each run on a "
+           "fresh server.", "", "```",
            *(run_line(r["round"], st["runs"], r, width) for r in runs), "```", "",
            f"Medians over runs; ratio: bootstrap median [95% interval] of mean output tok/s against {baseline}.", "",
            text]
@@ -746,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="lengths' seed; prompts use seed, run number")
     ap.add_argument("--server-args", default="", help="sglang flags added to the base args of every "
                     "configuration; write --server-args='--flag ...' (with =)")
+    ap.add_argument("--order", choices=("rotate", "given"), default="rotate",
+                    help="each round's order: rotated by one configuration per round (default), or as given")
     ap.add_argument("--baseline", default=None, help="the configuration ratios are to (default: the first)")
     ap.add_argument("--status-every", type=float, default=None,
                     help="seconds between daemon status reads (default 60)")
@@ -777,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python tools/ab_real.py " + " ".join(
             f"--{k.replace('_', '-')}{'=' if k == 'server_args' else ' '}{shlex.quote(str(v))}" for k, v in st.items()
             if isinstance(v, str | int | float) and v not in (False, "") and v == v
-            and k in ("configs", "runs", "duration", "last", "trace", "server_args"))
+            and k in ("configs", "runs", "order", "duration", "last", "trace", "server_args"))
         if isinstance(st.get("slo"), list):
             cmd += f" --slo {st['slo'][0]:g},{st['slo'][1]:g}"
         md = report(doc, cmd)
@@ -844,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     count = 0
     for rnd in range(1, a.runs + 1):
-        for cfg in cfgs:
+        for cfg in round_order(cfgs, rnd, a.order):
             count += 1
             run = run_one(h, venv, model, work / f"r{count}", cfg, args, a, pairs, ids, a.seed * 1_000_003 + count)
             run["round"] = rnd
@@ -873,6 +880,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[ab] NOT OK: round {r['round']} {r['config']}: "
               f"{r.get('error') or {k: r['summary'][k] for k in ('failed', 'unfinished')}} {r.get('errors') or ''}")
     return 1 if bad else 0
+
+
+def round_order(items: list, rnd: int, order: str) -> list:
+    """Round ``rnd``'s (1-based) running order: ``given``, or ``rotate``d to start at item ``rnd - 1`` (mod n)."""
+    r = (rnd - 1) % len(items) if order == "rotate" and items else 0
+    return items[r:] + items[:r]
 
 
 def write_json(a: Any, names: list[str], args: list[str], pairs: list, runs: list, summary: dict | None) -> None:

@@ -318,7 +318,10 @@ def gain_text(st: dict[str, Any]) -> str:
     at = ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
           else f"EB θ {num(tu.get('theta_incumbent'))}")
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
-    gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock [{_pct(g.get('low'))}, {_pct(g.get('high'))}]"
+    low, high = g.get("low"), g.get("high")
+    band = (f"[{_pct(low)}, {_pct(high)}]" if isinstance(low, int | float) and math.isfinite(low) else
+            "(no interval: won in two windows against one)")
+    gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock {band}"
             if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
     share = g.get("explore_share")  # net: trials that ran ahead of the incumbent count as a gain
     ok = isinstance(share, int | float) and math.isfinite(share)

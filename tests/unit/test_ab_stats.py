@@ -236,3 +236,11 @@ def test_the_process_tree_and_its_cpu_by_name_from_proc(ab, tmp_path):
     assert ab.tree(10, proc) == [10, 20, 30, 40]
     assert ab.tree_cpu(10, proc) == {"ebctl start": 1.0, "ebctl daemon": 3.0, "python": 7.0,
                                      "sglang::schedul": 93.0}
+
+
+def test_rotated_rounds_put_each_configuration_first_once_in_as_many_rounds(ab):
+    # by hand: three configurations over four rounds; round 4 starts over
+    assert [ab.round_order(["a", "b", "c"], r, "rotate") for r in (1, 2, 3, 4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert ab.round_order(["a", "b"], 2, "given") == ["a", "b"]
+    assert ab.round_order(["a"], 5, "rotate") == ["a"]

@@ -501,6 +501,9 @@ def test_a_trial_begun_on_one_window_wins_early_only_at_twice_the_incumbents_wor
     assert h["incumbent"] == STOCK and h["decision"] == "win"
     assert h["effect"] == pytest.approx(effect, rel=0.15)
     assert h["why"].startswith("clearly faster") is early and (h["pairs"] == 0) is early
+    g = t.gain()  # one reference window has no spread: an early win's gain has no interval, not a zero-width one
+    assert g["vs_stock"] == pytest.approx(effect, rel=0.15)
+    assert math.isnan(g["low"]) and math.isnan(g["high"]) if early else g["low"] < g["vs_stock"] < g["high"]
 
 
 def test_with_targets_the_start_ups_end_restarts_the_judged_run_and_stays():
@@ -556,3 +559,5 @@ def test_status_names_a_pdi_incumbent_and_its_interval():
           "tuner": {"incumbent": "pdi@8", "theta_incumbent": NAN, "trials": 2},
           "gain": {"vs_stock": 2.1, "low": 1.3, "high": 3.3, "explore_share": -0.2, "elapsed_s": 480.0}}
     assert "pd-interval 8: +210.0% goodput against stock [+130.0%, +330.0%]" in view.gain_text(st)
+    st["gain"].update(low=None, high=None)  # NaN in the tuner, null in the status JSON
+    assert "+210.0% goodput against stock (no interval: won in two windows against one)" in view.gain_text(st)
