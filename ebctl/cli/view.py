@@ -318,9 +318,11 @@ def gain_text(st: dict[str, Any]) -> str:
     at = ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
           else f"EB θ {num(tu.get('theta_incumbent'))}")
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
-    low, high = g.get("low"), g.get("high")
-    band = (f"[{_pct(low)}, {_pct(high)}]" if isinstance(low, int | float) and math.isfinite(low) else
-            "(no interval: won in two windows against one)")
+    low, est = g.get("low"), g.get("vs_stock")
+    known = isinstance(est, int | float) and math.isfinite(est)  # NaN (null) after a reset: nothing measured yet
+    spread = isinstance(low, int | float) and math.isfinite(low)
+    band = ("(no interval: won in two windows against one)" if known and not spread
+            else f"[{_pct(low)}, {_pct(g.get('high'))}]")
     gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock {band}"
             if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
     share = g.get("explore_share")  # net: trials that ran ahead of the incumbent count as a gain

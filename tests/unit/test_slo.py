@@ -561,3 +561,5 @@ def test_status_names_a_pdi_incumbent_and_its_interval():
     assert "pd-interval 8: +210.0% goodput against stock [+130.0%, +330.0%]" in view.gain_text(st)
     st["gain"].update(low=None, high=None)  # NaN in the tuner, null in the status JSON
     assert "+210.0% goodput against stock (no interval: won in two windows against one)" in view.gain_text(st)
+    st["gain"].update(vs_stock=None)  # after a reset: not measured yet
+    assert "pd-interval 8: — goodput against stock [—, —]" in view.gain_text(st)
