@@ -195,7 +195,7 @@ def num(x: Any, *, signed: bool = False) -> str:
 
 
 def age(seconds: Any) -> str:
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+    if not _finite(seconds):
         return "—"
     if seconds < 10:
         return f"{seconds:.1f} s"
@@ -284,7 +284,7 @@ def _fits_text(fits: Any) -> str:
         else:
             err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
             words += [f"err {num(100 * err)}%" if err is not None and math.isfinite(err) else "",
-                      f"R² {f['r2']:.3f}" if isinstance(f.get("r2"), int | float) and math.isfinite(f["r2"]) else "",
+                      f"R² {f['r2']:.3f}" if _finite(f.get("r2")) else "",
                       f"n={num(f['n'])}" if "n" in f and not used else ""]  # in use: enough, by definition
         out.append(" ".join(w for w in words if w))
     return " · ".join(out)
@@ -301,8 +301,13 @@ def _costs_text(st: dict[str, Any]) -> str:
     return f"{source}: " + " ".join(f"{_COEF_LABELS.get(k, k)} {num(v)}" for k, v in coefs)
 
 
+def _finite(x: Any) -> bool:
+    """A number a view can print: JSON's null (a NaN in the daemon) and non-numbers are not."""
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
 def _pct(x: Any) -> str:
-    return f"{x:+.1%}" if isinstance(x, int | float) and math.isfinite(x) else "—"
+    return f"{x:+.1%}" if _finite(x) else "—"
 
 
 def gain_text(st: dict[str, Any]) -> str:
@@ -318,15 +323,13 @@ def gain_text(st: dict[str, Any]) -> str:
     at = ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
           else f"EB θ {num(tu.get('theta_incumbent'))}")
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
-    low, est = g.get("low"), g.get("vs_stock")
-    known = isinstance(est, int | float) and math.isfinite(est)  # NaN (null) after a reset: nothing measured yet
-    spread = isinstance(low, int | float) and math.isfinite(low)
-    band = ("(no interval: won in two windows against one)" if known and not spread
-            else f"[{_pct(low)}, {_pct(g.get('high'))}]")
+    # a measured gain without a spread (null bounds) has no interval; null itself (after a reset): not measured
+    band = ("(no interval: won in two windows against one)" if _finite(g.get("vs_stock")) and not _finite(g.get("low"))
+            else f"[{_pct(g.get('low'))}, {_pct(g.get('high'))}]")
     gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock {band}"
             if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
     share = g.get("explore_share")  # net: trials that ran ahead of the incumbent count as a gain
-    ok = isinstance(share, int | float) and math.isfinite(share)
+    ok = _finite(share)
     cost = (f"exploring gained {-share:.1%}" if ok and share < 0 else f"exploring cost {share:.1%}" if ok
             else "exploring cost —")
     n = tu.get("trials")
@@ -352,7 +355,7 @@ def slo_text(st: dict[str, Any]) -> str:
 
     def share(key: str) -> str:
         x = slo.get(key)
-        return f"{x:.0%}" if isinstance(x, int | float) and math.isfinite(x) else "—"
+        return f"{x:.0%}" if _finite(x) else "—"
 
     return (f"{_targets(st)}: {share('attainment')} met (TTFT {share('ttft_attainment')}, TPOT "
             f"{share('tpot_attainment')}) · goodput {num(slo.get('goodput_tok_s'))} tok/s")
@@ -395,7 +398,7 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     if isinstance(gate, dict) and gate:
         rows.append(_line(("  gate  ", "cyan"), " · ".join(f"{k} {num(v)}" for k, v in gate.items())))
     why = _line(("  why   ", "cyan"), str(st.get("reason") or "—"))
-    if isinstance(st.get("eb_lhs"), int | float) and math.isfinite(st["eb_lhs"]):
+    if _finite(st.get("eb_lhs")):
         why.append(f" · Eq. 8: {num(st['eb_lhs'])} vs {num(st.get('eb_rhs'))}")
     if st.get("mixed_unavailable") and st.get("mixed_unavailable_reason"):
         why.append(shown(f" · mb unavailable: {st['mixed_unavailable_reason']}"), style="yellow")
@@ -424,7 +427,7 @@ def summary_table(engines: dict[str, Any]) -> Table:
 
 
 def _ms(x: Any) -> str:
-    return "—" if not isinstance(x, int | float) or not math.isfinite(x) else f"{1e3 * x:.3g} ms"
+    return "—" if not _finite(x) else f"{1e3 * x:.3g} ms"
 
 
 def dispatcher_lines(did: str, st: dict[str, Any]) -> list[Text]:
