@@ -534,6 +534,54 @@ def tree_cpu(root: int, proc: Path = Path("/proc")) -> dict[str, float]:
     return out
 
 
+def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, Any]:
+    """The scheduler processes' threads (every ``sglang::schedul*`` among ``pids``), summed by thread name: CPU
+    ticks and the cores each may run on (``Cpus_allowed_list``); for each main thread (the one that plans and runs
+    batches) its context switches from /proc/PID/task/TID/status (proc(5)): voluntary when it waited (the GIL, a
+    lock, a socket), involuntary when the kernel ran something else on its core."""
+    main, threads = {"cpu": 0, "voluntary": 0, "involuntary": 0}, {}
+    for pid in pids:
+        try:
+            if not (proc / str(pid) / "comm").read_text().startswith("sglang::sched"):
+                continue
+            tids = sorted(int(t.name) for t in (proc / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for tid in tids:
+            d = proc / str(pid) / "task" / str(tid)
+            try:
+                raw, status = (d / "stat").read_text(), (d / "status").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            f = raw[raw.rindex(")") + 2:].split()
+            ticks = int(f[11]) + int(f[12])
+            kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            name = "main" if tid == pid else raw[raw.index("(") + 1:raw.rindex(")")]
+            t = threads.setdefault(name, {"cpu": 0, "n": 0, "cores": set()})
+            t["cpu"] += ticks
+            t["n"] += 1
+            t["cores"].add(kv.get("Cpus_allowed_list", "?").strip())
+            if tid == pid:
+                main["cpu"] += ticks
+                main["voluntary"] += int(kv.get("voluntary_ctxt_switches", 0))
+                main["involuntary"] += int(kv.get("nonvoluntary_ctxt_switches", 0))
+    return {"main": main, "threads": threads}
+
+
+def thread_use(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What the scheduler's threads did between two ``scheduler_threads`` readings ``seconds`` apart: the main
+    thread's context switches per second, and each thread name's CPU seconds and allowed cores."""
+    tick = os.sysconf("SC_CLK_TCK")
+    b, a = before["main"], after["main"]
+    own = after["threads"].get("main", {}).get("cores", set())
+    return {"main_voluntary_per_s": (a["voluntary"] - b["voluntary"]) / seconds,
+            "main_involuntary_per_s": (a["involuntary"] - b["involuntary"]) / seconds,
+            # started after pin() by the main thread, they inherited its core: they take turns with it there
+            "on_main_core": sorted(k for k, t in after["threads"].items() if k != "main" and t["cores"] & own),
+            "threads": {k: {"cpu_s": (t["cpu"] - before["threads"].get(k, {}).get("cpu", 0)) / tick, "n": t["n"],
+                            "cores": sorted(t["cores"])} for k, t in after["threads"].items()}}
+
+
 def start_client(venv: Path, url: str, work: Path, *, concurrency: int, duration: float, drain: float,
                  pairs: list[tuple[int, int]], ids: list[int], seed: int) -> subprocess.Popen:
     """The closed-loop client (``--client``) against ``url`` in a process of its own (the sglang venv's python,
@@ -564,7 +612,7 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
                               drain=a.drain, pairs=pairs, ids=ids, seed=seed)
         if a.pin:
             run["pinned"] = pin([*tree(serving.root), client.pid])
-        t0 = time.monotonic()
+        t0, threads0 = time.monotonic(), scheduler_threads(tree(serving.root))
         try:
             ticks = ([x * a.status_every for x in range(1, int(a.duration // a.status_every) + 1)]
                      if serving.control else [])
@@ -582,6 +630,8 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
                 client.kill()
                 client.wait(10)
         run["cpu_s"] = {k: v - cpu0.get(k, 0.0) for k, v in tree_cpu(serving.root).items()}  # under load
+        run["scheduler_threads"] = thread_use(threads0, scheduler_threads(tree(serving.root)),
+                                              max(1e-9, time.monotonic() - t0))
         if serving.control:
             run["status"].append({"t": time.monotonic() - t0, "status": h.daemon_status(serving.control)})
         if client.returncode != 0 or not (work / "client.json").is_file():
@@ -611,6 +661,14 @@ def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
             f"ready in {run['ready_s']:.0f} s")
     if run.get("cpu_s"):
         line += " | CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["cpu_s"].items(), key=lambda x: -x[1]))
+    if run.get("scheduler_threads"):
+        u = run["scheduler_threads"]
+        line += (f" | scheduler main thread {u['main_voluntary_per_s']:.0f} voluntary, "
+                 f"{u['main_involuntary_per_s']:.0f} involuntary switches/s")
+        if u["on_main_core"] and run.get("pinned"):
+            line += f"; on its core too: {', '.join(u['on_main_core'])}"
+        line += "; threads' CPU s: " + ", ".join(f"{k} {t['cpu_s']:.1f}" for k, t in sorted(
+            u["threads"].items(), key=lambda x: -x[1]["cpu_s"]) if t["cpu_s"] >= 0.5)
     if run["status"]:
         line += f" | {status_text(engine_status(run['status'][-1]['status']))}"
     if run.get("errors"):

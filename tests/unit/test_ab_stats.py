@@ -238,6 +238,47 @@ def test_the_process_tree_and_its_cpu_by_name_from_proc(ab, tmp_path):
                                      "sglang::schedul": 93.0}
 
 
+def _task(root: Path, pid: int, tid: int, name: str, ticks: int, cores: str, vol: int, invol: int) -> None:
+    d = root / str(pid) / "task" / str(tid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_text(f"{tid} ({name}) S 1 {' '.join(['0'] * 9)} {ticks} 0 {' '.join(['0'] * 30)}\n")
+    (d / "status").write_text(f"Name:\t{name}\nCpus_allowed_list:\t{cores}\nvoluntary_ctxt_switches:\t{vol}\n"
+                              f"nonvoluntary_ctxt_switches:\t{invol}\n")
+
+
+def test_the_schedulers_threads_switches_and_cores_from_proc(ab, tmp_path):
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def reading(t: int) -> dict:  # t = 0, 1: two readings 10 s apart; pid 7 is not a scheduler
+        root = tmp_path / str(t)
+        for pid, comm in ((20, "sglang::schedul"), (7, "python")):
+            (root / str(pid)).mkdir(parents=True)
+            (root / str(pid) / "comm").write_text(comm + "\n")
+        _task(root, 20, 20, "sglang::schedul", (100 + 9 * t) * tick, "0", 1000 + 300 * t, 5 + 20 * t)
+        _task(root, 20, 21, "ebctl-link-dp0", (2 + t) * tick, "1", 0, 0)
+        _task(root, 20, 22, "ZMQbg/IO/0", 1 * tick, "1", 0, 0)
+        if t:  # started after the pin by the main thread: its core
+            _task(root, 20, 23, "ZMQbg/IO/0", 2 * tick, "0", 0, 0)
+        _task(root, 7, 7, "python", 50 * tick, "0", 9, 9)
+        return ab.scheduler_threads([20, 7], root)
+
+    u = ab.thread_use(reading(0), reading(1), 10.0)
+    # by hand: (1300 - 1000) / 10 = 30 voluntary and (25 - 5) / 10 = 2 involuntary per s; the main thread 9 s
+    # of CPU, the link thread 1 s, the two ZeroMQ threads 3 - 1 = 2 s; the second one shares core 0
+    assert u["main_voluntary_per_s"] == pytest.approx(30.0) and u["main_involuntary_per_s"] == pytest.approx(2.0)
+    assert {k: t["cpu_s"] for k, t in u["threads"].items()} == pytest.approx(
+        {"main": 9.0, "ebctl-link-dp0": 1.0, "ZMQbg/IO/0": 2.0})
+    assert u["threads"]["ZMQbg/IO/0"]["cores"] == ["0", "1"] and u["on_main_core"] == ["ZMQbg/IO/0"]
+    line = ab.run_line(1, 1, {"config": "x", "pinned": 1, "scheduler_threads": u, "status": [],
+                              "summary": {k: 0 for k in ("tok_s", "tok_s_last", "ttft_p50", "ttft_p99", "tpot_p50",
+                                                         "tpot_p99", "completed", "failed", "in_flight_at_end",
+                                                         "completed_in_drain", "unfinished")},
+                              "client_cpu_s": 1, "client_wall_s": 10, "ready_s": 1}, 1)
+    assert "30 voluntary, 2 involuntary switches/s; on its core too: ZMQbg/IO/0" in line
+
+
 def test_rotated_rounds_put_each_configuration_first_once_in_as_many_rounds(ab):
     # by hand: three configurations over four rounds; round 4 starts over
     assert [ab.round_order(["a", "b", "c"], r, "rotate") for r in (1, 2, 3, 4)] == [
