@@ -75,6 +75,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -582,6 +583,47 @@ def thread_use(before: dict[str, Any], after: dict[str, Any], seconds: float) ->
                             "cores": sorted(t["cores"])} for k, t in after["threads"].items()}}
 
 
+_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+
+
+def decode_pace(log: str) -> dict[int, list[float]]:
+    """sglang's own pace, from its server log: every ``--decode-log-interval`` (40) decode steps it logs the
+    running requests and the tokens generated per second since its last line (scheduler_components/
+    metrics_reporter.py 933-955). running / that rate is the wall time of one decode step there, the
+    prefills planned between them included: at the same running count, a slower engine has larger figures
+    whatever the policy batched. Running count → those seconds, one per line."""
+    out: dict[int, list[float]] = {}
+    for m in _DECODE_LINE.finditer(log):
+        n, rate = int(m.group(1)), float(m.group(2))
+        if n > 0 and rate > 0:
+            out.setdefault(n, []).append(n / rate)
+    return out
+
+
+def pace_table(names: list[str], runs: list[dict[str, Any]], top: int = 3) -> list[str]:
+    """Per configuration, the median ``decode_pace`` (ms) at the ``top`` running counts most often logged by every
+    configuration, over all its runs: the same load, so a difference is the engine's speed, not its batching."""
+    per = {n: [r.get("decode_pace", {}) for r in runs if r["config"] == n] for n in names}
+    counts: dict[int, int] = {}
+    for pcs in per.values():
+        for pc in pcs:
+            for k, v in pc.items():
+                counts[int(k)] = counts.get(int(k), 0) + len(v)
+    common = [k for k in sorted(counts, key=lambda k: -counts[k])
+              if all(any(str(k) in pc or k in pc for pc in pcs) for pcs in per.values())][:top]
+    if not common:
+        return []
+    rows = [f"\nsglang's decode log, ms per decode step at the same running count (median; lines): "
+            f"{', '.join(f'n = {k}' for k in sorted(common))}"]
+    for n in names:
+        cells = []
+        for k in sorted(common):
+            xs = [x for pc in per[n] for x in pc.get(k, pc.get(str(k), []))]
+            cells.append(f"{statistics.median(xs) * 1e3:.2f} ({len(xs)})" if xs else "—")
+        rows.append(f"  {n}: " + ", ".join(cells))
+    return rows
+
+
 def start_client(venv: Path, url: str, work: Path, *, concurrency: int, duration: float, drain: float,
                  pairs: list[tuple[int, int]], ids: list[int], seed: int) -> subprocess.Popen:
     """The closed-loop client (``--client``) against ``url`` in a process of its own (the sglang venv's python,
@@ -639,6 +681,8 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
                 (work / "client.log").read_text(errors="replace")[-1500:]
             return run
         res = json.loads((work / "client.json").read_text())
+        logs = [work / "start.log", *sorted(work.glob("server.*.log"))]
+        run["decode_pace"] = decode_pace("".join(f.read_text(errors="replace") for f in logs if f.is_file()))
         run["summary"] = summarize(res["records"], res["hist"], res["res"], a.duration, a.last)
         run["client_cpu_s"], run["client_wall_s"] = res["cpu_s"], res["wall_s"]
         run["records"] = res["records"]
@@ -775,7 +819,7 @@ def report(doc: dict[str, Any], command: str) -> str:
            "fresh server.", "", "```",
            *(run_line(r["round"], st["runs"], r, width) for r in runs), "```", "",
            f"Medians over runs; ratio: bootstrap median [95% interval] of mean output tok/s against {baseline}.", "",
-           text]
+           text, *pace_table(names, runs)]
     for r in runs:
         if not r.get("status"):
             continue
@@ -924,6 +968,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - t_start:.0f} s in all; medians over runs; ratio: bootstrap median "
           f"[95% interval] of mean output tok/s against {baseline}\n")
     print(text)
+    print("\n".join(pace_table(names, runs)))
     if cpu:
         print(f"\nclient CPU: {min(cpu):.1%}-{max(cpu):.1%} of one core (user + system over its wall time)")
     bad = [r for r in runs if "summary" not in r or r["summary"]["failed"] or r["summary"]["unfinished"]]

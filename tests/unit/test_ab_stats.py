@@ -279,6 +279,25 @@ def test_the_schedulers_threads_switches_and_cores_from_proc(ab, tmp_path):
     assert "30 voluntary, 2 involuntary switches/s; on its core too: ZMQbg/IO/0" in line
 
 
+def test_sglangs_decode_log_gives_the_step_time_at_each_running_count(ab):
+    # two lines in sglang 0.5.23's format (metrics_reporter.py 1041), one prefill line, one at 0 running
+    log = ("[2026-11-28 16:11:30] Prefill batch, #new-seq: 1, #new-token: 99, #cached-token: 0, token usage: 0.1\n"
+           "[2026-11-28 16:11:30] Decode batch, #running-req: 12, #token: 1762, token usage: 0.11, cpu graph: False, "
+           "gen throughput (token/s): 1500.00, #queue-req: 0\n"
+           "[2026-11-28 16:11:31] Decode batch, #running-req: 12, #token: 1700, token usage: 0.10, cpu graph: False, "
+           "gen throughput (token/s): 2000.00, #queue-req: 3\n"
+           "[2026-11-28 16:11:32] Decode batch, #running-req: 0, #token: 0, token usage: 0.00, cpu graph: False, "
+           "gen throughput (token/s): 0.00, #queue-req: 0\n")
+    # by hand: 12 / 1500 = 8 ms and 12 / 2000 = 6 ms per step
+    assert ab.decode_pace(log) == {12: [pytest.approx(0.008), pytest.approx(0.006)]}
+    runs = [{"config": "a", "decode_pace": {12: [0.008, 0.006], 16: [0.010]}},
+            {"config": "b", "decode_pace": {"12": [0.005]}},  # keys as JSON gives them back
+            {"config": "b", "decode_pace": {12: [0.004, 0.006]}}]
+    rows = ab.pace_table(["a", "b"], runs)
+    # n = 16 is not in b's runs: only n = 12; medians 7 ms (a) and 5 ms (b)
+    assert rows[1:] == ["  a: 7.00 (2)", "  b: 5.00 (3)"] and "n = 12" in rows[0] and "16" not in rows[0]
+
+
 def test_rotated_rounds_put_each_configuration_first_once_in_as_many_rounds(ab):
     # by hand: three configurations over four rounds; round 4 starts over
     assert [ab.round_order(["a", "b", "c"], r, "rotate") for r in (1, 2, 3, 4)] == [
