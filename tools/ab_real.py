@@ -56,6 +56,12 @@ configuration the interval is zero-width and says nothing. For ``ebctl`` configu
 read over its control socket every ``--status-every`` seconds, at the end of the load and after the drain; the
 last read's mode,
 k, n_max and, where the engine's status has them, ``gain`` and ``exploration`` are printed.
+Each run's line also says how the scheduler process ran under load (/proc): CPU seconds per process and per
+scheduler thread, the main thread's voluntary (it waited: the GIL, a lock) and involuntary (preempted) context
+switches per second, and any thread confined to the main thread's core. After the table, sglang's own decode log
+(a line every 40 decode steps: running requests and tokens/s) gives each configuration's time per decode step at
+the running counts all of them logged: at the same load, a difference there is the engine's speed, not the batch
+the policy formed (for an ``ebctl`` configuration it includes its learning period).
 ``--json``: everything (per run: the per-request records, throughput per 30-s bin, the status reads).
 ``--slo TTFT,TPOT`` (seconds): the table adds goodput at those targets, the output tokens of the requests that
 completed with TTFT and TPOT within them per second of load, the share of requests sent that did
@@ -600,6 +606,12 @@ def decode_pace(log: str) -> dict[int, list[float]]:
     return out
 
 
+def server_pace(work: Path) -> dict[int, list[float]]:
+    """``decode_pace`` of the sglang log a run left in ``work`` (``start.log`` under ebctl, else the server's)."""
+    logs = [work / "start.log", *sorted(work.glob("server.*.log"))]
+    return decode_pace("".join(f.read_text(errors="replace") for f in logs if f.is_file()))
+
+
 def pace_table(names: list[str], runs: list[dict[str, Any]], top: int = 3) -> list[str]:
     """Per configuration, the median ``decode_pace`` (ms) at the ``top`` running counts most often logged by every
     configuration, over all its runs: the same load, so a difference is the engine's speed, not its batching."""
@@ -613,14 +625,15 @@ def pace_table(names: list[str], runs: list[dict[str, Any]], top: int = 3) -> li
               if all(any(str(k) in pc or k in pc for pc in pcs) for pcs in per.values())][:top]
     if not common:
         return []
-    rows = [f"\nsglang's decode log, ms per decode step at the same running count (median; lines): "
-            f"{', '.join(f'n = {k}' for k in sorted(common))}"]
+    rows = ["", "sglang's decode log: ms per decode step at the same running count n (median over every run's lines; "
+            "lines)", "", "| configuration | " + " | ".join(f"n = {k}" for k in sorted(common)) + " |",
+            "|---|" + "---|" * len(common)]
     for n in names:
         cells = []
         for k in sorted(common):
             xs = [x for pc in per[n] for x in pc.get(k, pc.get(str(k), []))]
             cells.append(f"{statistics.median(xs) * 1e3:.2f} ({len(xs)})" if xs else "—")
-        rows.append(f"  {n}: " + ", ".join(cells))
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -681,8 +694,7 @@ def run_one(h: Any, venv: Path, model: Path, work: Path, cfg: dict[str, Any], ar
                 (work / "client.log").read_text(errors="replace")[-1500:]
             return run
         res = json.loads((work / "client.json").read_text())
-        logs = [work / "start.log", *sorted(work.glob("server.*.log"))]
-        run["decode_pace"] = decode_pace("".join(f.read_text(errors="replace") for f in logs if f.is_file()))
+        run["decode_pace"] = server_pace(work)
         run["summary"] = summarize(res["records"], res["hist"], res["res"], a.duration, a.last)
         run["client_cpu_s"], run["client_wall_s"] = res["cpu_s"], res["wall_s"]
         run["records"] = res["records"]
@@ -881,6 +893,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         doc = _nan(json.loads(a.from_json.read_text()))
         st = doc["settings"]
+        for r in doc["runs"]:  # recorded before the pace was: from the run's logs where they are still there
+            if "decode_pace" not in r and r.get("workdir") and Path(r["workdir"]).is_dir():
+                r["decode_pace"] = server_pace(Path(r["workdir"]))
         if a.slo:
             st["slo"] = list(a.slo)
         cmd = "python tools/ab_real.py " + " ".join(
