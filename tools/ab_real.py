@@ -484,9 +484,15 @@ def _procs(proc: Path) -> dict[int, tuple[int, str, str, float]]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile
             continue
-        comm, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+        comm, rest = _stat(raw)
         out[int(d.name)] = (int(rest[1]), comm, cmd, int(rest[11]) + int(rest[12]))
     return out
+
+
+def _stat(raw: str) -> tuple[str, list[str]]:
+    """A /proc/.../stat line: the name (field 2, in parentheses, which may hold spaces) and the fields after it
+    (``rest[1]`` is field 4, the parent pid; ``rest[11]``, ``rest[12]`` fields 14, 15: user and system ticks)."""
+    return raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
 
 
 def _descendants(procs: dict[int, tuple[int, str, str, float]], root: int) -> list[int]:
@@ -560,10 +566,10 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
                 raw, status = (d / "stat").read_text(), (d / "status").read_text()
             except OSError:  # gone meanwhile
                 continue
-            f = raw[raw.rindex(")") + 2:].split()
+            comm, f = _stat(raw)
             ticks = int(f[11]) + int(f[12])
             kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            name = "main" if tid == pid else raw[raw.index("(") + 1:raw.rindex(")")]
+            name = "main" if tid == pid else comm
             t = threads.setdefault(name, {"cpu": 0, "n": 0, "cores": set()})
             t["cpu"] += ticks
             t["n"] += 1
@@ -615,14 +621,15 @@ def server_pace(work: Path) -> dict[int, list[float]]:
 def pace_table(names: list[str], runs: list[dict[str, Any]], top: int = 3) -> list[str]:
     """Per configuration, the median ``decode_pace`` (ms) at the ``top`` running counts most often logged by every
     configuration, over all its runs: the same load, so a difference is the engine's speed, not its batching."""
-    per = {n: [r.get("decode_pace", {}) for r in runs if r["config"] == n] for n in names}
+    per = {n: [{int(k): v for k, v in r.get("decode_pace", {}).items()} for r in runs if r["config"] == n]
+           for n in names}  # int keys: JSON gives them back as strings
     counts: dict[int, int] = {}
     for pcs in per.values():
         for pc in pcs:
             for k, v in pc.items():
-                counts[int(k)] = counts.get(int(k), 0) + len(v)
+                counts[k] = counts.get(k, 0) + len(v)
     common = [k for k in sorted(counts, key=lambda k: -counts[k])
-              if all(any(str(k) in pc or k in pc for pc in pcs) for pcs in per.values())][:top]
+              if all(any(k in pc for pc in pcs) for pcs in per.values())][:top]
     if not common:
         return []
     rows = ["", "sglang's decode log: ms per decode step at the same running count n (median over every run's lines; "
@@ -631,7 +638,7 @@ def pace_table(names: list[str], runs: list[dict[str, Any]], top: int = 3) -> li
     for n in names:
         cells = []
         for k in sorted(common):
-            xs = [x for pc in per[n] for x in pc.get(k, pc.get(str(k), []))]
+            xs = [x for pc in per[n] for x in pc.get(k, [])]
             cells.append(f"{statistics.median(xs) * 1e3:.2f} ({len(xs)})" if xs else "—")
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return rows
