@@ -552,7 +552,7 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
     ticks and the cores each may run on (``Cpus_allowed_list``); for each main thread (the one that plans and runs
     batches) its context switches from /proc/PID/task/TID/status (proc(5)): voluntary when it waited (the GIL, a
     lock, a socket), involuntary when the kernel ran something else on its core."""
-    main, threads = {"cpu": 0, "voluntary": 0, "involuntary": 0}, {}
+    main, threads = {"voluntary": 0, "involuntary": 0}, {}
     for pid in pids:
         try:
             if not (proc / str(pid) / "comm").read_text().startswith("sglang::sched"):
@@ -575,7 +575,6 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
             t["n"] += 1
             t["cores"].add(kv.get("Cpus_allowed_list", "?").strip())
             if tid == pid:
-                main["cpu"] += ticks
                 main["voluntary"] += int(kv.get("voluntary_ctxt_switches", 0))
                 main["involuntary"] += int(kv.get("nonvoluntary_ctxt_switches", 0))
     return {"main": main, "threads": threads}

@@ -283,7 +283,7 @@ def _fits_text(fits: Any) -> str:
             words.append(str(f["reason"]))
         else:
             err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
-            words += [f"err {num(100 * err)}%" if err is not None and math.isfinite(err) else "",
+            words += [f"err {num(100 * err)}%" if _finite(err) else "",
                       f"R² {f['r2']:.3f}" if _finite(f.get("r2")) else "",
                       f"n={num(f['n'])}" if "n" in f and not used else ""]  # in use: enough, by definition
         out.append(" ".join(w for w in words if w))
