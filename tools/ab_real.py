@@ -62,7 +62,8 @@ switches per second, and any thread confined to the main thread's core. After th
 (a line every 40 decode steps: running requests and tokens/s) gives each configuration's time per decode step at
 the running counts all of them logged: at the same load, a difference there is the engine's speed, not the batch
 the policy formed (for an ``ebctl`` configuration it includes its learning period).
-``--json``: everything (per run: the per-request records, throughput per 30-s bin, the status reads).
+``--json``: everything (the commit it ran from; per run: the per-request records, throughput per 30-s bin, the
+status reads); tools/ab_pool.py pools several such records, each run paired with the baseline's of its round.
 ``--slo TTFT,TPOT`` (seconds): the table adds goodput at those targets, the output tokens of the requests that
 completed with TTFT and TPOT within them per second of load, the share of requests sent that did
 (``attained``), and the goodput ratio to the baseline (bootstrap, as above); with ``--from-json`` it re-reports
@@ -1013,13 +1014,27 @@ def round_order(items: list, rnd: int, order: str) -> list:
 
 
 def write_json(a: Any, names: list[str], args: list[str], pairs: list, runs: list, summary: dict | None) -> None:
-    doc = {"tool": "ab_real", "configs": names, "base_args": args,
+    doc = {"tool": "ab_real", "commit": head_commit(), "configs": names, "base_args": args,
            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "client"},
            "workload": {"source": a.trace or "issue", "seed": a.seed, "pairs": pairs}, "bin_s": BIN_S,
            "runs": runs, "summary": summary,
            "ok": summary is not None and all("summary" in r and not r["summary"]["failed"]
                                              and not r["summary"]["unfinished"] for r in runs)}
     a.json.write_text(json.dumps(_finite(doc), separators=(",", ":"), default=str))  # compact: ~100 B a request
+
+
+def head_commit(repo: Path = REPO) -> str | None:
+    """The commit this tool runs from (``repo``'s HEAD, ``+`` if a tracked file differs from it); None outside
+    a git work tree."""
+    try:
+        git = ["git", "-C", str(repo)]
+        sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+" if dirty else "")
 
 
 def _finite(x: Any) -> Any:

@@ -305,3 +305,18 @@ def test_rotated_rounds_put_each_configuration_first_once_in_as_many_rounds(ab):
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
     assert ab.round_order(["a", "b"], 2, "given") == ["a", "b"]
     assert ab.round_order(["a"], 5, "rotate") == ["a"]
+
+
+def test_the_record_names_the_commit_and_a_changed_work_tree(ab, tmp_path):
+    assert ab.head_commit(tmp_path) is None  # not a git work tree
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f").write_text("a")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert ab.head_commit(tmp_path) == sha
+    (tmp_path / "g").write_text("untracked: not the code that ran")
+    assert ab.head_commit(tmp_path) == sha
+    (tmp_path / "f").write_text("b")
+    assert ab.head_commit(tmp_path) == sha + "+"

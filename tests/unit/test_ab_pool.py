@@ -1,0 +1,84 @@
+"""tools/ab_pool.py: runs paired with the baseline's of the same round, pooled over sittings by a cluster
+bootstrap; expected values worked by hand. No server."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    spec = importlib.util.spec_from_file_location("ab_pool", REPO / "tools" / "ab_pool.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("ab_pool", None)
+    sys.modules.pop("ab_real", None)
+
+
+def test_a_run_is_paired_with_the_baseline_of_its_own_round(pool):
+    # round 1: x 90 against b 100; round 2: 200 against 200; round 3 ran no baseline. Pairing gives 0.9 and 1.0;
+    # the ratio of the means (290/300 = 0.967) would let round 2's faster machine hide round 1's loss.
+    sitting = {1: {"b": {"tok_s": 100.0}, "x": {"tok_s": 90.0}}, 2: {"b": {"tok_s": 200.0}, "x": {"tok_s": 200.0}},
+               3: {"x": {"tok_s": 50.0}}}
+    assert pool.paired_ratios([sitting, {}], "x", "b", "tok_s") == [[pytest.approx(0.9), 1.0], []]
+    zero = {1: {"b": {"tok_s": 0.0}, "x": {"tok_s": 5.0}}, 2: {"b": {"tok_s": 10.0}, "x": {"tok_s": math.nan}}}
+    assert pool.paired_ratios([zero], "x", "b", "tok_s") == [[]]  # no ratio from a zero baseline or a NaN
+
+
+def test_rounds_weigh_alike_and_the_interval_resamples_sittings(pool):
+    # sitting A: rounds at 0.9 and 1.0; sitting B: one at 1.1. Estimate: the geometric mean of the three rounds,
+    # (0.9 * 1.0 * 1.1)^(1/3) = 0.99^(1/3) = 0.99665 (averaging per sitting first would give 1.0216).
+    # Resampling the two sittings: AA (p = 1/4) gives sqrt(0.9) = 0.94868, BB (1/4) 1.1, AB (1/2) 0.99665; the
+    # 2.5th and 97.5th percentiles fall inside the AA and BB blocks.
+    est, lo, hi, sittings, rounds = pool.pooled([[0.9, 1.0], [1.1], []])
+    assert est == pytest.approx(0.99 ** (1 / 3))
+    assert lo == pytest.approx(math.sqrt(0.9)) and hi == pytest.approx(1.1)
+    assert (sittings, rounds) == (2, 3)
+    one = pool.pooled([[0.95, 0.97]])  # one sitting: every draw is the same, the interval has no width
+    assert one[1] == one[2] == pytest.approx(one[0]) == pytest.approx(math.sqrt(0.95 * 0.97))
+    assert math.isnan(pool.pooled([[], []])[0])
+
+
+def _doc(rounds: list[tuple[float, float]], *, baseline: str = "pdi=8", slo: list | None = None) -> dict:
+    """A sitting of 10 s runs, last part 5 s: each round the baseline at b, ``ebctl`` at x output tok/s; each run
+    two requests: 30 tokens within 1 s / 10 ms ending at 8 s, and 20 tokens with TTFT 2 s ending at 9 s."""
+    recs = [{"status": "ok", "ttft": 0.5, "tpot": 0.005, "tokens": 30, "end": 8.0, "t": 1.0},
+            {"status": "ok", "ttft": 2.0, "tpot": 0.005, "tokens": 20, "end": 9.0, "t": 1.0}]
+    runs = [{"config": name, "round": i, "records": recs, "summary": {"tok_s": v, "tok_s_last": v}}
+            for i, (b, x) in enumerate(rounds, 1) for name, v in ((baseline, b), ("ebctl", x))]
+    return {"settings": {"duration": 10.0, "last": 5.0, "slo": slo}, "configs": [baseline, "ebctl"], "runs": runs}
+
+
+def test_goodput_from_the_records_and_a_configuration_renamed(pool):
+    rounds = pool.round_figures(_doc([(100.0, 90.0)]), (1.0, 0.01), {"ebctl": "default"})
+    assert set(rounds[1]) == {"pdi=8", "default"}
+    # only the first request is within both targets: 30 tokens over 10 s, and it ended in the last 5 s: 30/5
+    assert rounds[1]["default"]["goodput_tok_s"] == pytest.approx(3.0)
+    assert rounds[1]["default"]["goodput_last_tok_s"] == pytest.approx(6.0)
+    assert "goodput_tok_s" not in pool.round_figures(_doc([(1.0, 1.0)]), None, {})[1]["ebctl"]
+
+
+def test_the_command_pools_two_sittings_and_names_a_bad_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "ab.json").write_text(json.dumps(_doc([(100.0, 90.0), (100.0, 100.0)], slo=[1, 0.01])))
+    (tmp_path / "b" / "ab.json").write_text(json.dumps(_doc([(100.0, 110.0)], slo=[1, 0.01])))
+    cmd = [sys.executable, str(REPO / "tools" / "ab_pool.py"), str(tmp_path / "a" / "ab.json"),
+           str(tmp_path / "b" / "ab.json"), "--baseline", "pdi=8"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("| ebctl |"))
+    assert row.startswith("| ebctl | 2 | 3 | 0.997 [0.949, 1.100] |")  # the hand-worked case above
+    assert "goodput at TTFT ≤ 1 s, TPOT ≤ 10 ms" in out and "a 0.900, 1.000; b 1.100" in out
+    (tmp_path / "c.json").write_text("{not json")
+    bad = subprocess.run([*cmd[:2], str(tmp_path / "c.json"), "--baseline", "pdi=8"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "c.json: not a tools/ab_real.py --json record" in bad.stderr
+    nob = subprocess.run([*cmd[:3], "--baseline", "alone"], capture_output=True, text=True)
+    assert nob.returncode == 2 and "no finished run of the baseline 'alone'" in nob.stderr
