@@ -97,7 +97,7 @@ def table(sittings: Sequence[dict[int, dict[str, dict[str, float]]]], labels: Se
     """The markdown table (a row per configuration, a column per measure) and each sitting's round ratios."""
     names = sorted({n for rounds in sittings for cfgs in rounds.values() for n in cfgs} - {baseline})
     heads = dict(MEASURES)
-    rows = [f"| configuration | sittings | rounds | {' | '.join(f'{heads[m]} / {baseline} [95%]' for m in measures)} |",
+    rows = [f"| configuration | sittings | rounds | {' | '.join(f'{heads[m]} [95%]' for m in measures)} |",
             "|---|---|---|" + "---|" * len(measures)]
     detail = []
     for name in names:
@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[pool] the sittings were recorded at different targets ({sorted(slos, key=str)}): give --slo to "
               "compare goodput", file=sys.stderr)
     text = table(sittings, labels, a.baseline, measures)
-    head = (f"{len(sittings)} sitting(s); each run paired with {a.baseline}'s of the same round; geometric mean of "
-            "the round ratios, 95% interval by a bootstrap over sittings"
+    head = (f"{len(sittings)} sitting(s); ratio to `{a.baseline}`: each run paired with its run of the same round; "
+            "geometric mean of the round ratios, 95% interval by a bootstrap over sittings"
             + (f"; goodput at TTFT ≤ {next(iter(slos))[0]:g} s, TPOT ≤ {next(iter(slos))[1] * 1e3:g} ms"
                if "goodput_tok_s" in measures else ""))
     print(head + "\n\n" + text)
