@@ -1,23 +1,21 @@
 """tools/sim_knobs.py: goodput at a target pair, the tight pair from stock's latencies, and the cell's best static
 setting, on hand-made runs; then its --quick run (what CI runs of it; the full table is docs/results/sim_knobs.md)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tools_module import tool
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "sim_knobs.py"
 
 
 @pytest.fixture(scope="module")
 def knobs():
-    spec = importlib.util.spec_from_file_location("sim_knobs", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with tool("sim_knobs") as module:
+        yield module
 
 
 def run(policy, tok_per_s, ttft, tpot, out, makespan=10.0):

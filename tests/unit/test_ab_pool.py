@@ -1,7 +1,6 @@
 """tools/ab_pool.py: runs paired with the baseline's of the same round, pooled over sittings by a cluster
 bootstrap; expected values worked by hand. No server."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -9,18 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from tools_module import tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def pool():
-    spec = importlib.util.spec_from_file_location("ab_pool", REPO / "tools" / "ab_pool.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ab_pool", None)
-    sys.modules.pop("ab_real", None)
+    with tool("ab_pool") as module:
+        yield module
+    sys.modules.pop("ab_real", None)  # imported by ab_pool from tools/
 
 
 def test_a_run_is_paired_with_the_baseline_of_its_own_round(pool):

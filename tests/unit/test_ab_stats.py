@@ -1,24 +1,21 @@
 """tools/ab_real.py's pure core: percentiles, TPOT of a stream, throughput bins and windows, the bootstrap of a
 ratio, the issue's workload and the configuration syntax; expected values worked by hand. No server."""
 
-import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tools_module import tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def ab():
-    spec = importlib.util.spec_from_file_location("ab_real", REPO / "tools" / "ab_real.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ab_real", None)
+    with tool("ab_real") as module:
+        yield module
 
 
 def test_module_top_imports_nothing_heavy():

@@ -1,22 +1,18 @@
 """tools/bench_hook.py runs the CPU server with one pinned OpenMP thread, says so, and ``--all-cores`` really
 unpins it (the test harness's Server pins unless told otherwise). No server is started here."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from tools_module import tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench_hook():
-    spec = importlib.util.spec_from_file_location("bench_hook", REPO / "tools" / "bench_hook.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # puts tests/sglang (the harness) on sys.path
-    yield module
-    sys.modules.pop("bench_hook", None)
+    with tool("bench_hook") as module:  # puts tests/sglang (the harness) on sys.path
+        yield module
 
 
 class Started(Exception):

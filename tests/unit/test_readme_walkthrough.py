@@ -2,23 +2,18 @@
 reason), and finds commands the way a reader types them. The walkthrough itself runs in CI:
 `python tools/readme_walkthrough.py`."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from tools_module import tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def walk():
-    spec = importlib.util.spec_from_file_location("readme_walkthrough", REPO / "tools" / "readme_walkthrough.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["readme_walkthrough"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("readme_walkthrough", None)
+    with tool("readme_walkthrough") as module:
+        yield module
 
 
 def test_every_documented_command_is_planned_and_every_skip_says_why(walk):
