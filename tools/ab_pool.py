@@ -60,8 +60,9 @@ def round_figures(doc: dict[str, Any], slo: tuple[float, float] | None,
 
 def paired_ratios(sittings: Sequence[dict[int, dict[str, dict[str, float]]]], name: str, baseline: str,
                   measure: str) -> list[list[float]]:
-    """Per sitting, the ratio ``name``/``baseline`` of ``measure`` in each round that ran both (a round whose
-    baseline is 0 or not finite has no ratio)."""
+    """Per sitting, the ratio ``name``/``baseline`` of ``measure`` in each round that ran both (a round where
+    either is 0 or not finite has no ratio: the geometric mean needs both positive, so a configuration with no
+    goodput in a round is left out of that round, not counted as 0)."""
     out = []
     for rounds in sittings:
         rs = []
