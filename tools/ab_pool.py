@@ -37,8 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab_real import _nan, goodput, parse_slo, percentile  # tools/ is not a package: its own dir on the path
 
-MEASURES = (("tok_s", "output"), ("tok_s_last", "output, last part"), ("goodput_tok_s", "goodput"),
-            ("goodput_last_tok_s", "goodput, last part"))
+MEASURES = {"tok_s": "output", "tok_s_last": "output, last part", "goodput_tok_s": "goodput",
+            "goodput_last_tok_s": "goodput, last part"}
 
 
 def round_figures(doc: dict[str, Any], slo: tuple[float, float] | None,
@@ -97,22 +97,22 @@ def table(sittings: Sequence[dict[int, dict[str, dict[str, float]]]], labels: Se
           measures: Sequence[str]) -> str:
     """The markdown table (a row per configuration, a column per measure) and each sitting's round ratios."""
     names = sorted({n for rounds in sittings for cfgs in rounds.values() for n in cfgs} - {baseline})
-    heads = dict(MEASURES)
-    rows = [f"| configuration | sittings | rounds | {' | '.join(f'{heads[m]} [95%]' for m in measures)} |",
+    rows = [f"| configuration | sittings | rounds | {' | '.join(f'{MEASURES[m]} [95%]' for m in measures)} |",
             "|---|---|---|" + "---|" * len(measures)]
     detail = []
     for name in names:
+        per = {m: paired_ratios(sittings, name, baseline, m) for m in measures}
         cells, shape = [], (0, 0)
         for m in measures:
-            est, lo, hi, k, n = pooled(paired_ratios(sittings, name, baseline, m))
+            est, lo, hi, k, n = pooled(per[m])
             shape = max(shape, (k, n))
             cells.append("-" if math.isnan(est) else f"{est:.3f} [{lo:.3f}, {hi:.3f}]")
         if shape[1] == 0:
             continue
         rows.append(f"| {name} | {shape[0]} | {shape[1]} | {' | '.join(cells)} |")
-        per = paired_ratios(sittings, name, baseline, measures[0])
-        detail.append(f"- {name}, {heads[measures[0]]}: " + "; ".join(
-            f"{lab} {', '.join(f'{r:.3f}' for r in rs)}" for lab, rs in zip(labels, per, strict=True) if rs))
+        first = per[measures[0]]
+        detail.append(f"- {name}, {MEASURES[measures[0]]}: " + "; ".join(
+            f"{lab} {', '.join(f'{r:.3f}' for r in rs)}" for lab, rs in zip(labels, first, strict=True) if rs))
     return "\n".join([*rows, "", f"Round ratios by sitting ({baseline} = 1):", "", *detail])
 
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     measures = ["tok_s", "tok_s_last"]
     if None not in slos and len(slos) == 1:
         measures += ["goodput_tok_s", "goodput_last_tok_s"]
-    elif len(slos - {None}) > 0:
+    elif slos - {None}:
         print(f"[pool] the sittings were recorded at different targets ({sorted(slos, key=str)}): give --slo to "
               "compare goodput", file=sys.stderr)
     text = table(sittings, labels, a.baseline, measures)

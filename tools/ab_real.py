@@ -970,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
           f"output {mean_out:.1f}); fresh random prompts from {len(ids)} token ids\n[ab] base args: "
           f"{shlex.join(args)}; torch {h.ONE_TORCH_CORE}; workdir {work}", flush=True)
 
-    t_start = time.monotonic()
+    t_start, commit = time.monotonic(), head_commit()
     width = max(len(n) for n in names)
     runs: list[dict[str, Any]] = []
     count = 0
@@ -982,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             print(run_line(rnd, a.runs, run, width), flush=True)
             if a.json:
-                write_json(a, names, args, pairs, runs, None)
+                write_json(a, names, args, pairs, runs, None, commit)
 
     text, summary = table(names, runs, baseline, a.last, slo=a.slo, duration=a.duration)
     cpu = [r["client_cpu_s"] / r["client_wall_s"] for r in runs if "client_cpu_s" in r]
@@ -995,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nclient CPU: {min(cpu):.1%}-{max(cpu):.1%} of one core (user + system over its wall time)")
     bad = [r for r in runs if "summary" not in r or r["summary"]["failed"] or r["summary"]["unfinished"]]
     if a.json:
-        write_json(a, names, args, pairs, runs, summary)
+        write_json(a, names, args, pairs, runs, summary, commit)
     if a.report:
         cmd = f"python tools/ab_real.py {shlex.join(sys.argv[1:] if argv is None else argv)}"
         doc = {"settings": {**vars(a), "baseline": baseline}, "configs": names, "runs": runs, "base_args": args,
@@ -1013,8 +1013,9 @@ def round_order(items: list, rnd: int, order: str) -> list:
     return items[r:] + items[:r]
 
 
-def write_json(a: Any, names: list[str], args: list[str], pairs: list, runs: list, summary: dict | None) -> None:
-    doc = {"tool": "ab_real", "commit": head_commit(), "configs": names, "base_args": args,
+def write_json(a: Any, names: list[str], args: list[str], pairs: list, runs: list, summary: dict | None,
+               commit: str | None) -> None:
+    doc = {"tool": "ab_real", "commit": commit, "configs": names, "base_args": args,
            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "client"},
            "workload": {"source": a.trace or "issue", "seed": a.seed, "pairs": pairs}, "bin_s": BIN_S,
            "runs": runs, "summary": summary,
