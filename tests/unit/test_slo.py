@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ebctl import config, slo
+from ebctl import config, slo, tuner
 from ebctl.config import ConfigError
 from ebctl.controller import Controller, ControllerParams
 from ebctl.observed import Observed
@@ -440,18 +440,24 @@ def test_a_window_far_ahead_counts_at_most_its_own_seconds_as_gained():
     assert t.explore_net_s == pytest.approx(-10.0) and t.explore_s == 0.0
 
 
-@pytest.mark.parametrize(("missed", "started", "attained"), [(4, 7.5, 10 / 44), (3, 7.5, 20 / 45), (2, 1005.0, 0.6),
+@pytest.mark.parametrize(("missed", "started", "attained"), [(4, 3.6, 4 / 15), (3, 7.5, 20 / 45), (2, 1005.0, 0.6),
                                                             (0, 1005.0, 1.0)])
 def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_after_one_window(missed, started,
                                                                                               attained):
-    """TPOT ≤ 100 ms; ``missed`` of every 5 of stock's requests take 200 ms per token. Windows of 50 completions:
-    5 cycles of 1.5 s (a prefill of 0.5 s, 10 decode steps of 0.1 s). Stock meeting the target for under half of
-    its tokens is challenged after its first window, at 7.5 s. Meeting it for 3/5 or all of them, stock is
-    challenged once the budget (1% of the time since the first report, at 0.5 s) covers a trial's expected cost,
-    one window's seconds (10 s) before any: at the first window's end from 1,000.5 s on, 134 × 7.5 = 1,005 s
-    (``Tuner.trial_cost``). The first window does not judge the requests whose first token came before the run
-    began (its first report, at 0.5 s): of 4 slow ones in 5, 10 of the 44 judged are within the target; of 3 in 5,
-    20 of 45."""
+    """TPOT ≤ 100 ms; request n (the n-th to finish) takes 200 ms per token if n mod 5 < ``missed``, else 50 ms; 5
+    tokens each. Windows of 50 completions: 5 cycles of 1.5 s (a prefill of 0.5 s, then 10 decode steps of 0.1 s,
+    one request finishing in each: request n at 1.5·⌊(n−1)/10⌋ + 0.6 + 0.1·((n−1) mod 10)). The first window
+    opens at the first report (0.5 s) and judges the requests whose first token (finish − 4 × TPOT) came after
+    it: of requests 1-10, 4, 8, 9 and 10 with 4 slow in 5 (4 and 9 within), 3, 4, 8, 9 and 10 with 3 in 5 (all but
+    10 within); all from 11 on.
+
+    4 slow in 5: after request 21, 15 judged, 4 within (4, 9, 14, 19): 4/15 + 2·√(4/15 · 11/15 / 15) = 0.495 < ½,
+    the first time (after request 20: 4/14 + 0.241 = 0.527): stock is clearly missing the target, its window closes
+    at the next report's start, 3.6 s, and the trial begins there. 3 in 5: the share tends to 2/5, which needs
+    about 100 judged to be clearly below ½: the window runs to its 50 completions, 7.5 s, 20 of 45 within; it is
+    challenged after it all the same (under half). 3/5 or all within: stock is challenged once the budget (1% of
+    the time since the first report) covers a trial's expected cost, one window's seconds (10 s) before any: at
+    the first window's end from 1,000.5 s on, 134 × 7.5 = 1,005 s (``Tuner.trial_cost``)."""
     t = Tuner(TunerParams(window=50, slo_tpot_s=0.1))
     t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
     eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.2 if arm == STOCK and i % 5 < missed else 0.05)
@@ -459,6 +465,32 @@ def test_an_incumbent_that_misses_the_targets_for_most_tokens_is_challenged_afte
         eng.cycle()
     assert t.trial.started == pytest.approx(started)
     assert t.attained[STOCK] == pytest.approx(attained)
+
+
+def test_a_window_missing_the_ttft_target_runs_whole():
+    """TTFT ≤ 1 s and TPOT ≤ 100 ms; every request of stock's waits 2 s for its first token, all within the TPOT
+    target. Stock meets the targets for none of its tokens and is challenged after one window (the test above),
+    but that window runs to its 50 completions (7.5 s), not to the quarter at which one clearly missing TPOT
+    closes: a TTFT holds the wait in the queue, which the start-up's end does not say is steady."""
+    t = Tuner(TunerParams(window=50, slo_ttft_s=1.0, slo_tpot_s=0.1))
+    t.set_context(entries=[0.4], allow_mb=False, prefer_mb=False, mu_l=100, mu_o=5)
+    eng = Engine(t, lambda arm: 1.0, lambda arm, i: 0.05, ttft=lambda arm: 2.0 if arm == STOCK else 0.5)
+    while t.trial is None:
+        eng.cycle()
+    assert t.trial.started == pytest.approx(7.5)
+    assert t.attained[STOCK] == 0.0
+
+
+@pytest.mark.parametrize(("attained", "n", "missing"), [
+    (0.0, 1.0, True),  # none within: no spread
+    (0.4, 100.0, True),  # 0.4 + 2·√(0.24/100) = 0.498
+    (0.4, 96.0, False),  # 0.4 + 2·√(0.24/96) = 0.5: not below
+    (0.5, 1e9, False),
+    (math.nan, 100.0, False),  # nothing judged
+    (0.1, 0.0, False),
+])
+def test_clearly_missing_is_two_standard_errors_of_a_share_below_half(attained, n, missing):
+    assert tuner.clearly_missing(attained, n) is missing
 
 
 @pytest.mark.parametrize(("att", "explore_s", "trials", "wall", "starts"), [
