@@ -207,11 +207,11 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
 
 
-def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial():
+def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial_nor_after():
     """The same server with latency targets: the prefill fit stays missing, and yet no eb probe runs before the
     measured search's first trial (it would drop the incumbent's next two whole windows, and put off the trial
-    that checks an arm against the targets) nor while a trial runs (an EB challenger's refills feed the fit);
-    between trials it does, as without targets."""
+    that checks an arm against the targets), nor while a trial runs, nor between trials (an EB challenger's
+    refills feed the fit; a probe's refills stall every running request's decoding)."""
     prm = ControllerParams(mode="eb+", theta_method="measured", update_every=20, min_window=10, probe_s=2.0,
                            probe_share=0.05, mode_cooldown=0, slo_ttft_s=1.0, slo_tpot_s=0.015)
     ctl = Controller(prm)
@@ -227,4 +227,5 @@ def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial(
     assert ctl.update(t + 0.01).mode is not Mode.EB and ctl.probe.count == 0
     ctl.tuner._end_trial("aborted", "test")
     pol = ctl.update(t + 0.02)
-    assert pol.mode is Mode.EB and "probe: eb for the prefill cost fit" in pol.reason and ctl.probe.count == 1
+    assert pol.mode is not Mode.EB and "probe" not in pol.reason and ctl.probe.count == 0
+    assert ctl.tuner.trial is None and not ctl.online_costs.passed(BatchKind.PREFILL)  # between trials, still missing
