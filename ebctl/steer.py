@@ -124,7 +124,7 @@ class Steering:
         the measured search's first trial: from stock that trial is mb's (``Tuner.neighbours``), which measures
         the mixed batches a probe would, and a probe drops the incumbent's next two whole windows
         (``Tuner.interrupt``); on the simulated CPU server (``tools/sim_cold.py``) the probe at 13 s put off the
-        first trial from about 40 s to 93 s. With latency targets and the measured search, no eb probe at all:
+        first trial from about 40 s to 93 s. With latency targets and the measured search, no probe at all; not eb:
         the fit it would feed only sets EB's entry θ, which the search then moves on measured goodput, and an EB
         challenger's refills feed it anyway, while each EB refill of the probe stalls every running request's
         decoding. Before the first trial the windows a probe drops stay whole (``Tuner._full``) and the
@@ -133,9 +133,12 @@ class Steering:
         default's first trial came at 55-60 s; in the simulated ``cpu-mixed`` case with those targets the probe at
         6 s and the two stock windows of 400 completions after it put it at 61 s (16 s without them). After it,
         on the same server (TTFT ≤ 1 s, TPOT ≤ 10 ms), the one probe that followed the win of ``pdi@8`` cost its
-        30-s bin 2-8% of the goodput in three runs of four (0980bb8)."""
+        30-s bin 2-8% of the goodput in three runs of four (0980bb8). Nor an mb probe: the mixed fit only sets
+        whether Eq. 8 has the search try mb first, and in a trial the probe pauses it and drops its windows; on that
+        server, with the first trial begun at 7 s, the mixed fit had not passed yet and an mb probe interrupted
+        the trial of ``pdi@8`` at 10 s (359f633)."""
         p = v.params
-        if p.mode != "eb+" or not p.cost_online:
+        if p.mode != "eb+" or not p.cost_online or (v.measured and Targets(p.slo_ttft_s, p.slo_tpot_s).set):
             self.probe.stop(now)
             return None
         trial = v.measured and self.tuner.trial is not None
@@ -149,8 +152,7 @@ class Steering:
         if (running is not Mode.MB and not v.mixed_unavailable and oc.intercept_identified()
                 and not first):
             need, target = oc.missing(BatchKind.MIXED, now, stale), Mode.MB
-        targets = Targets(p.slo_ttft_s, p.slo_tpot_s).set
-        if (not need and running is not Mode.EB and not (targets and v.measured)
+        if (not need and running is not Mode.EB
                 and (oc.passed(BatchKind.MIXED) or oc.passed(BatchKind.DECODE))):
             need = oc.missing(BatchKind.PREFILL, now, stale) or oc.missing(BatchKind.DECODE, now, stale)
             target = Mode.EB

@@ -207,11 +207,12 @@ def test_a_fit_that_never_passed_is_probed_during_a_trial_a_stale_one_waits():
     assert pol.mode is Mode.MB and "probe: mb for the mixed cost fit" in pol.reason
 
 
-def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial_nor_after():
+def test_with_latency_targets_no_probe_before_the_first_trial_nor_in_a_trial_nor_after():
     """The same server with latency targets: the prefill fit stays missing, and yet no eb probe runs before the
     measured search's first trial (it would drop the incumbent's next two whole windows, and put off the trial
     that checks an arm against the targets), nor while a trial runs, nor between trials (an EB challenger's
-    refills feed the fit; a probe's refills stall every running request's decoding)."""
+    refills feed the fit; a probe's refills stall every running request's decoding); nor an mb probe where every
+    fit is stale between trials (the test above probes mb there without targets)."""
     prm = ControllerParams(mode="eb+", theta_method="measured", update_every=20, min_window=10, probe_s=2.0,
                            probe_share=0.05, mode_cooldown=0, slo_ttft_s=1.0, slo_tpot_s=0.015)
     ctl = Controller(prm)
@@ -229,3 +230,15 @@ def test_with_latency_targets_no_eb_probe_before_the_first_trial_nor_in_a_trial_
     pol = ctl.update(t + 0.02)
     assert pol.mode is not Mode.EB and "probe" not in pol.reason and ctl.probe.count == 0
     assert ctl.tuner.trial is None and not ctl.online_costs.passed(BatchKind.PREFILL)  # between trials, still missing
+    stale = Controller(dataclasses.replace(prm, cost_stale_s=60.0))
+    t = _drive(stale, 0.0, 400)[1]
+    t = _drive_mixed(stale, t, 400)
+    stale.online_costs.refit(force=True)
+    t += 61.0
+    assert stale.online_costs.missing(BatchKind.MIXED, t, 60.0).startswith("mixed fit stale")
+    stale.steer.probe = ModeProbe(2.0, 0.05)
+    stale.tuner.ref_lns = [8.0, 8.0, 8.0]
+    stale.tuner._start_trial(type("W", (), {"arm": "x", "end": t, "saturated": False})())
+    stale.tuner._end_trial("aborted", "test")
+    pol = stale.update(t + 0.01)
+    assert pol.mode is not Mode.MB and "probe" not in pol.reason and stale.probe.count == 0
