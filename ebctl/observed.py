@@ -47,7 +47,7 @@ class Observed:
         self.reports = 0
         self.completions = 0
         self.last_wall = math.nan  # the newest report's wall time (status has no clock of its own)
-        self.targets = slo.Targets(params.slo_ttft_s, params.slo_tpot_s)
+        self.targets = params.targets
         self.slo_recent = _slo_rates()  # with targets: output tokens/s judged, within all, within TTFT, within TPOT
 
     def set_params(self, old: ControllerParams, new: ControllerParams) -> None:
@@ -56,7 +56,7 @@ class Observed:
             self.window.resize(new.window)
         if new.n_obs_alpha != old.n_obs_alpha:
             self.n_obs = Ema(new.n_obs_alpha)
-        targets = slo.Targets(new.slo_ttft_s, new.slo_tpot_s)
+        targets = new.targets
         if targets != self.targets:  # the last minute was judged against the old ones
             self.targets, self.slo_recent = targets, _slo_rates()
 

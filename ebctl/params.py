@@ -11,9 +11,17 @@ if TYPE_CHECKING:
     from ebctl import model
     from ebctl.estimate import HazardFit
     from ebctl.protocol import Mode
+    from ebctl.slo import Targets
 
 ThetaMethod = Literal["paper", "cfr", "exact-fluid", "measured"]
 OperatorMode = Literal["eb", "eb+", "mb", "off"]
+
+
+def _targets(p: TunerParams | ControllerParams) -> Targets:
+    """The latency targets the params set (``ebctl.slo.Targets``; either 0: not set): their ``targets``."""
+    from ebctl.slo import Targets  # here, not at the top: ``ebctl.config`` loads this module for the CLI
+
+    return Targets(p.slo_ttft_s, p.slo_tpot_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,7 @@ class TunerParams:
     tpot_slack: float = 0.1  # ... nor one whose TPOT p99 does
     slo_ttft_s: float = 0.0  # latency targets (``ebctl.slo``); either set: windows are judged by goodput under them,
     slo_tpot_s: float = 0.0  # and the latency guards (the slacks) are off. 0: not set
+    targets = property(_targets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,7 @@ class ControllerParams:
     k_override: int = 0  # > 0: pin k (operator override; the estimates are still computed and shown)
     n_override: int = 0  # > 0: pin N (never above the engine's limit)
     pd_interval_override: int = 0  # > 0: pin sglang's prefill-decode interval under every policy (``Policy``)
+    targets = property(_targets)
 
     def tuner(self) -> TunerParams:
         return TunerParams(theta_min=self.theta_min, theta_max=self.theta_max, window=self.tune_window,

@@ -15,7 +15,6 @@ from ebctl.estimate import LengthWindow
 from ebctl.params import ControllerParams, Fit
 from ebctl.probe import ModeProbe
 from ebctl.protocol import BatchKind, Mode
-from ebctl.slo import Targets
 from ebctl.trial import SATURATED_SHARE
 from ebctl.tuner import Tuner
 
@@ -76,7 +75,7 @@ class Steering:
         completions, 324 s of a 1,740-s run)."""
         p = v.params
         batch = v.n_limit
-        targets = Targets(p.slo_ttft_s, p.slo_tpot_s).set
+        targets = p.targets.set
         if targets and v.n_obs >= 1:
             batch = min(batch, math.ceil(v.n_obs))
         full = len(window) >= p.window and completions >= p.window + 2 * batch
@@ -138,7 +137,7 @@ class Steering:
         server, with the first trial begun at 7 s, the mixed fit had not passed yet and an mb probe interrupted
         the trial of ``pdi@8`` at 10 s (359f633)."""
         p = v.params
-        if p.mode != "eb+" or not p.cost_online or (v.measured and Targets(p.slo_ttft_s, p.slo_tpot_s).set):
+        if p.mode != "eb+" or not p.cost_online or (v.measured and p.targets.set):
             self.probe.stop(now)
             return None
         trial = v.measured and self.tuner.trial is not None

@@ -182,7 +182,7 @@ class Tuner:
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
         self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
         self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
-        self.targets = slo.Targets(params.slo_ttft_s, params.slo_tpot_s)  # the objective's (``ebctl.slo``)
+        self.targets = params.targets  # the objective's (``ebctl.slo``)
         self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
         self._run_since = math.nan  # when the running arm's current run began, its completions since, and its
         self._run_done = 0  # windows' starts (wall time, completions then): with targets, which requests a window
@@ -621,7 +621,7 @@ class Tuner:
         """The latency targets changed (``tune set``): what was measured was judged by another objective. The
         trial and the window are dropped, the incumbent's and stock's windows and the gain forgotten, and the
         search starts again from the incumbent."""
-        old, self.targets = self.targets, slo.Targets(self.p.slo_ttft_s, self.p.slo_tpot_s)
+        old, self.targets = self.targets, self.p.targets
         self.reset(f"latency targets: {old.describe()} → {self.targets.describe()}")
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
             self._to_stock()

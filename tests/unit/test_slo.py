@@ -595,3 +595,12 @@ def test_status_names_a_pdi_incumbent_and_its_interval():
     assert "+210.0% goodput against stock (no interval: won in two windows against one)" in view.gain_text(st)
     st["gain"].update(vs_stock=None)  # after a reset: not measured yet
     assert "pd-interval 8: — goodput against stock [—, —]" in view.gain_text(st)
+
+
+def test_the_params_targets_are_the_two_slo_keys_and_the_tuner_gets_the_same():
+    p = ControllerParams(slo_ttft_s=1.0, slo_tpot_s=0.01)
+    assert p.targets == slo.Targets(1.0, 0.01) and p.targets.set
+    assert p.tuner().targets == slo.Targets(1.0, 0.01)
+    assert ControllerParams(slo_tpot_s=0.02).targets == slo.Targets(0.0, 0.02)  # one alone is set
+    assert not ControllerParams().targets.set and not TunerParams().targets.set
+    assert "targets" not in {f.name for f in dataclasses.fields(ControllerParams)}  # not a config key
