@@ -1,7 +1,7 @@
 """Several sittings of tools/ab_real.py pooled: each configuration against the baseline of the same round.
 
-    python tools/ab_pool.py A.json B.json ... --baseline NAME [--slo TTFT,TPOT] [--same NAME OTHER ...]
-                            [--report FILE]
+    python tools/ab_pool.py A.json B.json ... --baseline NAME [--slo TTFT,TPOT] [--pace N]
+                            [--same NAME OTHER ...] [--report FILE]
 
 One sitting's interval says how its runs spread; it says nothing of the next sitting's. On this project's CPU
 machine a configuration's speed drifts by 5-10% from one sitting to the next (tools/ab_real.py's records in
@@ -17,7 +17,10 @@ with the baseline's run of the same round: the round's ratio x/b. Across sitting
 Configurations match by name, as given to ab_real's ``--configs``; ``--same NAME OTHER`` counts OTHER as NAME
 (the same setting written differently in an older sitting). Columns: output tok/s over the whole run and its last
 part (each sitting's ``--last``), and with ``--slo`` (or the targets the sittings were recorded at) goodput and
-its last part (tools/ab_real.py ``goodput``). Sittings of different durations pool together only where the user
+its last part (tools/ab_real.py ``goodput``), and with ``--pace N`` the engine's time per decode step at N running
+requests (sglang's own decode log, ``ab_real.decode_pace``: the median over the later half of the run's lines at
+that count, after a controller's learning; a ratio above 1 is a slower engine at the same load, whatever its
+batching). Sittings of different durations pool together only where the user
 gives them: a controller's learning period weighs more in a shorter run. Prints a markdown table and, per
 configuration, each sitting's round ratios.
 """
@@ -38,13 +41,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab_real import _nan, goodput, parse_slo, percentile  # tools/ is not a package: its own dir on the path
 
 MEASURES = {"tok_s": "output", "tok_s_last": "output, last part", "goodput_tok_s": "goodput",
-            "goodput_last_tok_s": "goodput, last part"}
+            "goodput_last_tok_s": "goodput, last part", "step_s": "time per decode step (> 1: slower)"}
+
+
+def later_pace(run: dict[str, Any], n: int) -> float:
+    """The median of the later half of a run's ``decode_pace`` lines at ``n`` running (s per decode step; NaN
+    with fewer than two lines). JSON keeps the counts as strings."""
+    lines = (run.get("decode_pace") or {}).get(str(n)) or []
+    return statistics.median(lines[len(lines) // 2:]) if len(lines) >= 2 else math.nan
 
 
 def round_figures(doc: dict[str, Any], slo: tuple[float, float] | None,
-                  same: dict[str, str]) -> dict[int, dict[str, dict[str, float]]]:
+                  same: dict[str, str], pace: int = 0) -> dict[int, dict[str, dict[str, float]]]:
     """A sitting's runs by round: {round: {configuration: {measure: value}}}; with ``slo`` the goodput measures
-    from each run's records. Runs that did not finish (no summary) are left out; ``same`` renames."""
+    from each run's records, with ``pace`` the time per decode step at that many running (``later_pace``). Runs
+    that did not finish (no summary) are left out; ``same`` renames."""
     st = doc["settings"]
     out: dict[int, dict[str, dict[str, float]]] = {}
     for run in doc["runs"]:
@@ -54,6 +65,8 @@ def round_figures(doc: dict[str, Any], slo: tuple[float, float] | None,
         if slo is not None:
             g = goodput(run.get("records") or [], st["duration"], slo, st["last"])
             s.update(goodput_tok_s=g["goodput_tok_s"], goodput_last_tok_s=g["goodput_last_tok_s"])
+        if pace:
+            s["step_s"] = later_pace(run, pace)
         out.setdefault(run["round"], {})[same.get(run["config"], run["config"])] = s
     return out
 
@@ -123,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", required=True, help="the configuration each run is paired with, by round")
     ap.add_argument("--slo", type=parse_slo, default=None, metavar="TTFT,TPOT",
                     help="goodput at these targets (default: each sitting's own, where it was recorded with one)")
+    ap.add_argument("--pace", type=int, default=0, metavar="N",
+                    help="also the time per decode step at N running requests (sglang's decode log; > 1: slower)")
     ap.add_argument("--same", action="append", nargs=2, default=[], metavar=("NAME", "OTHER"),
                     help="count configuration OTHER as NAME (repeatable)")
     ap.add_argument("--report", type=Path, default=None, help="also write the table here")
@@ -133,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             doc = _nan(json.loads(f.read_text()))
             slo = a.slo or (tuple(doc["settings"]["slo"]) if isinstance(doc["settings"].get("slo"), list) else None)
-            rounds = round_figures(doc, slo, same)
+            rounds = round_figures(doc, slo, same, a.pace)
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"{f}: not a tools/ab_real.py --json record ({type(e).__name__}: {e})")
         if not any(a.baseline in cfgs for cfgs in rounds.values()):
@@ -149,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     elif slos - {None}:
         print(f"[pool] the sittings were recorded at different targets ({sorted(slos, key=str)}): give --slo to "
               "compare goodput", file=sys.stderr)
+    if a.pace:
+        measures.append("step_s")
     text = table(sittings, labels, a.baseline, measures)
     head = (f"{len(sittings)} sitting(s); ratio to `{a.baseline}`: each run paired with its run of the same round; "
             "geometric mean of the round ratios, 95% interval by a bootstrap over sittings"
             + (f"; goodput at TTFT ≤ {next(iter(slos))[0]:g} s, TPOT ≤ {next(iter(slos))[1] * 1e3:g} ms"
-               if "goodput_tok_s" in measures else ""))
+               if "goodput_tok_s" in measures else "")
+            + (f"; time per decode step at {a.pace} running, later half of each run" if a.pace else ""))
     print(head + "\n\n" + text)
     if a.report:
         a.report.write_text(head + "\n\n" + text + "\n")

@@ -79,3 +79,22 @@ def test_the_command_pools_two_sittings_and_names_a_bad_file(tmp_path):
     assert bad.returncode == 2 and "c.json: not a tools/ab_real.py --json record" in bad.stderr
     nob = subprocess.run([*cmd[:3], "--baseline", "alone"], capture_output=True, text=True)
     assert nob.returncode == 2 and "no finished run of the baseline 'alone'" in nob.stderr
+
+
+def test_the_decode_step_is_the_median_of_the_later_half_of_its_lines(pool, tmp_path):
+    # the knob's lines at 8 running: 9, 9, 5, 5 ms, later half 5 and 5 -> 5 ms; ebctl's 1, 6, 6, 7 -> 6 and 7 ->
+    # 6.5 ms: ratio 1.3 (slower). The first half (the learning) is left out: over all lines the ratio would be 0.857.
+    doc = _doc([(100.0, 90.0)])
+    doc["runs"][0]["decode_pace"] = {"8": [0.009, 0.009, 0.005, 0.005], "9": [0.001]}
+    doc["runs"][1]["decode_pace"] = {"8": [0.001, 0.006, 0.006, 0.007], "9": [0.002]}
+    rounds = pool.round_figures(doc, None, {}, pace=8)
+    assert rounds[1]["pdi=8"]["step_s"] == pytest.approx(0.005)
+    assert rounds[1]["ebctl"]["step_s"] == pytest.approx(0.0065)
+    assert math.isnan(pool.round_figures(doc, None, {}, pace=9)[1]["ebctl"]["step_s"])  # one line: no median
+    assert math.isnan(pool.later_pace({}, 8))  # a run recorded before ab_real kept the decode log
+    assert "step_s" not in pool.round_figures(doc, None, {})[1]["ebctl"]
+    (tmp_path / "ab.json").write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "ab_pool.py"), str(tmp_path / "ab.json"),
+                          "--baseline", "pdi=8", "--pace", "8"], capture_output=True, text=True, check=True).stdout
+    assert "| ebctl | 1 | 1 | 0.900 [0.900, 0.900] | 0.900 [0.900, 0.900] | 1.300 [1.300, 1.300] |" in out
+    assert "time per decode step at 8 running" in out
