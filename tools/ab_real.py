@@ -22,7 +22,12 @@ Configurations (``--configs``, comma-separated; each is a HEAD, optionally ``:IT
   K``; ``pdi=N`` = ``alone:--prefill-decode-interval N``;
 - ``ebctl``: ``ebctl start --engine sglang -- <the same args>``, default configuration, cold (a fresh runtime dir
   every run: the learning period is in the figures);
-- an ITEM is either ``KEY=VALUE`` with a dotted key (an ebctl ``--set``; ebctl configurations only), or extra
+- ``plugin``: sglang with the plugin loaded (``SGLANG_PLUGINS=ebctl``) but started as ``alone`` is, without
+  ``ebctl start``: no daemon, no supervisor, its reports go nowhere and no policy comes; its ``KEY=VALUE`` items
+  go to the plugin's config (``EBCTL_CONFIG``). Beside ``alone`` and ``ebctl`` it tells what the plugin costs
+  inside sglang from what ``ebctl start`` around it does (``'plugin:pdi=8;engine.fault=next_batch:1'``: loaded,
+  and switched off at its first hook);
+- an ITEM is either ``KEY=VALUE`` with a dotted key (an ebctl ``--set``; ebctl and plugin configurations), or extra
   sglang flags starting with ``--`` (split like a shell line), or one of the shorthands ``mixed``, ``mfsd=K``,
   ``pdi=N``. E.g. ``'ebctl:controller.mode=off'``, ``'ebctl:mixed;controller.mode=eb'``,
   ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given.
@@ -259,12 +264,13 @@ def parse_config(text: str) -> dict[str, Any]:
         return None
 
     head, _, rest = text.strip().partition(":")
-    cfg: dict[str, Any] = {"name": text.strip(), "engine": "ebctl" if head == "ebctl" else "alone", "flags": [],
-                           "sets": []}
-    if head not in ("alone", "ebctl"):
+    cfg: dict[str, Any] = {"name": text.strip(), "engine": head if head in ("ebctl", "plugin") else "alone",
+                           "flags": [], "sets": []}
+    if head not in ("alone", "ebctl", "plugin"):
         flags = shorthand(head)
         if flags is None:
-            raise ValueError(f"configuration {text!r}: {head!r} is none of alone, ebctl, mixed, mfsd=K, pdi=N")
+            raise ValueError(f"configuration {text!r}: {head!r} is none of alone, ebctl, plugin, mixed, mfsd=K, "
+                             "pdi=N")
         cfg["flags"] += flags
     for item in filter(None, (x.strip() for x in rest.split(";"))):
         if item.startswith("--"):
@@ -272,7 +278,7 @@ def parse_config(text: str) -> dict[str, Any]:
         elif (flags := shorthand(item)) is not None:
             cfg["flags"] += flags
         elif "=" in item and "." in item.partition("=")[0]:
-            if cfg["engine"] != "ebctl":
+            if cfg["engine"] == "alone":
                 raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
             cfg["sets"].append(item)
         else:
@@ -459,7 +465,12 @@ class Serving:
             self.root = proc.pid
             self.control = f"ipc://{work / 'rt' / 'control.sock'}"
         else:  # Server prepends BASE_ARGS itself: the command line is the same as ebctl's
-            self._server = h.Server(venv, model, work, [*args[len(BASE_ARGS):], *cfg["flags"]], plugins="none")
+            conf = None
+            if cfg["sets"]:
+                conf = work / "plugin.toml"
+                conf.write_text(h.toml(dict(item.split("=", 1) for item in cfg["sets"])))
+            self._server = h.Server(venv, model, work, [*args[len(BASE_ARGS):], *cfg["flags"]],
+                                    plugins="ebctl" if cfg["engine"] == "plugin" else "none", ebctl_config=conf)
             self.url = self._server.url
             self.root = self._server.proc.pid
             h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},

@@ -109,7 +109,10 @@ def test_configuration_syntax(ab):
     assert c["engine"] == "ebctl" and c["sets"] == ["controller.mode=off"]
     assert c["flags"] == ["--enable-mixed-chunk", "--schedule-policy", "lpm"]
     assert ab.parse_config("alone:--schedule-conservativeness 0.5")["flags"] == ["--schedule-conservativeness", "0.5"]
-    for bad in ("stock", "alone:controller.mode=off", "ebctl:oops", "mfsd="):
+    c = ab.parse_config("plugin:pdi=8;engine.fault=next_batch:1")  # sglang with the plugin loaded, no ebctl start
+    assert c == {"name": "plugin:pdi=8;engine.fault=next_batch:1", "engine": "plugin",
+                 "flags": ["--prefill-decode-interval", "8"], "sets": ["engine.fault=next_batch:1"]}
+    for bad in ("stock", "alone:controller.mode=off", "pdi=8;engine.fault=next_batch:1", "ebctl:oops", "mfsd="):
         with pytest.raises(ValueError):
             ab.parse_config(bad)
 
