@@ -280,6 +280,12 @@ def parse_config(text: str) -> dict[str, Any]:
         elif "=" in item and "." in item.partition("=")[0]:
             if cfg["engine"] == "alone":
                 raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
+            from ebctl import config  # checked here, before any run: a typo would otherwise end a sitting midway
+
+            key, _, value = item.partition("=")
+            if key.strip() not in config.SPECS:
+                raise ValueError(f"configuration {text!r}: {config.unknown_key(key.strip())}")
+            config.coerce(key.strip(), value.strip())  # a ConfigError (a ValueError) names the key and what it allows
             cfg["sets"].append(item)
         else:
             raise ValueError(f"configuration {text!r}: item {item!r} is neither --sglang-flags, KEY=VALUE (dotted "

@@ -115,6 +115,10 @@ def test_configuration_syntax(ab):
     for bad in ("stock", "alone:controller.mode=off", "pdi=8;engine.fault=next_batch:1", "ebctl:oops", "mfsd="):
         with pytest.raises(ValueError):
             ab.parse_config(bad)
+    with pytest.raises(ValueError, match=r"unknown key 'engine\.faults'"):  # caught before the sitting starts
+        ab.parse_config("plugin:engine.faults=next_batch:1")
+    with pytest.raises(ValueError, match=r"controller\.mode='sometimes'"):
+        ab.parse_config("ebctl:controller.mode=sometimes")
 
 
 def test_status_text_prints_gain_and_exploration_when_present(ab):
