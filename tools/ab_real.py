@@ -27,7 +27,9 @@ Configurations (``--configs``, comma-separated; each is a HEAD, optionally ``:IT
   go to the plugin's config (``EBCTL_CONFIG``). Beside ``alone`` and ``ebctl`` it tells what the plugin costs
   inside sglang from what ``ebctl start`` around it does (``'plugin:pdi=8;engine.fault=next_batch:1'``: loaded,
   and switched off at its first hook);
-- an ITEM is either ``KEY=VALUE`` with a dotted key (an ebctl ``--set``; ebctl and plugin configurations), or extra
+- an ITEM is either ``KEY=VALUE`` with a dotted key (an ebctl ``--set``; ebctl and plugin configurations), or
+  ``NAME=VALUE`` with an upper-case NAME (an environment variable of the configuration's server, e.g.
+  ``PYTHONUNBUFFERED=1``, which ``ebctl start`` sets for sglang), or extra
   sglang flags starting with ``--`` (split like a shell line), or one of the shorthands ``mixed``, ``mfsd=K``,
   ``pdi=N``. E.g. ``'ebctl:controller.mode=off'``, ``'ebctl:mixed;controller.mode=eb'``,
   ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given.
@@ -265,7 +267,7 @@ def parse_config(text: str) -> dict[str, Any]:
 
     head, _, rest = text.strip().partition(":")
     cfg: dict[str, Any] = {"name": text.strip(), "engine": head if head in ("ebctl", "plugin") else "alone",
-                           "flags": [], "sets": []}
+                           "flags": [], "sets": [], "env": {}}
     if head not in ("alone", "ebctl", "plugin"):
         flags = shorthand(head)
         if flags is None:
@@ -277,6 +279,9 @@ def parse_config(text: str) -> dict[str, Any]:
             cfg["flags"] += shlex.split(item)
         elif (flags := shorthand(item)) is not None:
             cfg["flags"] += flags
+        elif re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", item):
+            name, _, value = item.partition("=")
+            cfg["env"][name] = value
         elif "=" in item and "." in item.partition("=")[0]:
             if cfg["engine"] == "alone":
                 raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
@@ -289,7 +294,7 @@ def parse_config(text: str) -> dict[str, Any]:
             cfg["sets"].append(item)
         else:
             raise ValueError(f"configuration {text!r}: item {item!r} is neither --sglang-flags, KEY=VALUE (dotted "
-                             "key) nor mixed, mfsd=K, pdi=N")
+                             "key), NAME=VALUE (environment) nor mixed, mfsd=K, pdi=N")
     return cfg
 
 
@@ -466,6 +471,7 @@ class Serving:
         if cfg["engine"] == "ebctl":
             env = {k: v for k, v in h.server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
             env.update(h.ONE_TORCH_CORE)
+            env.update(cfg["env"])
             self._cm = h.ebctl_start(venv, model, work, [*args, *cfg["flags"]], cfg["sets"], env=env)
             proc, self.url = self._cm.__enter__()
             self.root = proc.pid
@@ -476,7 +482,8 @@ class Serving:
                 conf = work / "plugin.toml"
                 conf.write_text(h.toml(dict(item.split("=", 1) for item in cfg["sets"])))
             self._server = h.Server(venv, model, work, [*args[len(BASE_ARGS):], *cfg["flags"]],
-                                    plugins="ebctl" if cfg["engine"] == "plugin" else "none", ebctl_config=conf)
+                                    plugins="ebctl" if cfg["engine"] == "plugin" else "none", ebctl_config=conf,
+                                    env=cfg["env"] or None)
             self.url = self._server.url
             self.root = self._server.proc.pid
             h.post_json(f"{self.url}/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},

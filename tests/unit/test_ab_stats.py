@@ -101,7 +101,7 @@ def test_issue_workload_is_seeded_and_in_range(ab):
 
 
 def test_configuration_syntax(ab):
-    assert ab.parse_config("alone") == {"name": "alone", "engine": "alone", "flags": [], "sets": []}
+    assert ab.parse_config("alone") == {"name": "alone", "engine": "alone", "flags": [], "sets": [], "env": {}}
     assert ab.parse_config("mixed")["flags"] == ["--enable-mixed-chunk"]
     assert ab.parse_config("mfsd=4")["flags"] == ["--min-free-slots-delay", "4"]
     assert ab.parse_config("pdi=2")["flags"] == ["--prefill-decode-interval", "2"]
@@ -111,8 +111,12 @@ def test_configuration_syntax(ab):
     assert ab.parse_config("alone:--schedule-conservativeness 0.5")["flags"] == ["--schedule-conservativeness", "0.5"]
     c = ab.parse_config("plugin:pdi=8;engine.fault=next_batch:1")  # sglang with the plugin loaded, no ebctl start
     assert c == {"name": "plugin:pdi=8;engine.fault=next_batch:1", "engine": "plugin",
-                 "flags": ["--prefill-decode-interval", "8"], "sets": ["engine.fault=next_batch:1"]}
-    for bad in ("stock", "alone:controller.mode=off", "pdi=8;engine.fault=next_batch:1", "ebctl:oops", "mfsd="):
+                 "flags": ["--prefill-decode-interval", "8"], "sets": ["engine.fault=next_batch:1"], "env": {}}
+    # an upper-case NAME=VALUE is the server's environment (ebctl start gives sglang PYTHONUNBUFFERED=1)
+    assert ab.parse_config("plugin:pdi=8;PYTHONUNBUFFERED=1")["env"] == {"PYTHONUNBUFFERED": "1"}
+    assert ab.parse_config("alone:MALLOC_ARENA_MAX=2;FOO=")["env"] == {"MALLOC_ARENA_MAX": "2", "FOO": ""}
+    for bad in ("stock", "alone:controller.mode=off", "pdi=8;engine.fault=next_batch:1", "ebctl:oops", "mfsd=",
+                "alone:pythonunbuffered=1"):
         with pytest.raises(ValueError):
             ab.parse_config(bad)
     with pytest.raises(ValueError, match=r"unknown key 'engine\.faults'"):  # caught before the sitting starts
