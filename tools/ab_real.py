@@ -287,11 +287,11 @@ def parse_config(text: str) -> dict[str, Any]:
                 raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
             from ebctl import config  # checked here, before any run: a typo would otherwise end a sitting midway
 
-            key, _, value = item.partition("=")
-            if key.strip() not in config.SPECS:
-                raise ValueError(f"configuration {text!r}: {config.unknown_key(key.strip())}")
-            config.coerce(key.strip(), value.strip())  # a ConfigError (a ValueError) names the key and what it allows
-            cfg["sets"].append(item)
+            key, value = (x.strip() for x in item.split("=", 1))
+            if key not in config.SPECS:
+                raise ValueError(f"configuration {text!r}: {config.unknown_key(key)}")
+            config.coerce(key, value)  # a ConfigError (a ValueError) names the key and what it allows
+            cfg["sets"].append(f"{key}={value}")  # as checked: the plugin's config file is written from it
         else:
             raise ValueError(f"configuration {text!r}: item {item!r} is neither --sglang-flags, KEY=VALUE (dotted "
                              "key), NAME=VALUE (environment) nor mixed, mfsd=K, pdi=N")
