@@ -343,6 +343,18 @@ def unknown_key(key: str) -> ConfigError:
     return ConfigError(f"unknown key {key!r}: {hint}")
 
 
+def assignment(item: str) -> tuple[str, str, Any]:
+    """``KEY=VALUE`` as a command line gives it (``tune set``, the A/B tool's configurations): the key, the value's
+    text and the value checked against the key's spec, each stripped; a ConfigError names what is wrong."""
+    key, sep, text = item.partition("=")
+    key, text = key.strip(), text.strip()
+    if not sep or not key:
+        raise ConfigError(f"{item!r}: expected KEY=VALUE, e.g. controller.mode=eb+")
+    if key not in SPECS:
+        raise unknown_key(key)
+    return key, text, coerce(key, text)
+
+
 def coerce(key: str, raw: Any) -> Any:
     """Parse (from a CLI string) or check (from TOML) one value against its spec."""
     spec = SPECS[key]

@@ -287,10 +287,10 @@ def parse_config(text: str) -> dict[str, Any]:
                 raise ValueError(f"configuration {text!r}: {item!r} is an ebctl setting, and this runs no ebctl")
             from ebctl import config  # checked here, before any run: a typo would otherwise end a sitting midway
 
-            key, value = (x.strip() for x in item.split("=", 1))
-            if key not in config.SPECS:
-                raise ValueError(f"configuration {text!r}: {config.unknown_key(key)}")
-            config.coerce(key, value)  # a ConfigError (a ValueError) names the key and what it allows
+            try:
+                key, value, _ = config.assignment(item)
+            except config.ConfigError as e:
+                raise ValueError(f"configuration {text!r}: {e}") from e
             cfg["sets"].append(f"{key}={value}")  # as checked: the plugin's config file is written from it
         else:
             raise ValueError(f"configuration {text!r}: item {item!r} is neither --sglang-flags, KEY=VALUE (dotted "

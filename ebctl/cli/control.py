@@ -152,13 +152,8 @@ def tune_set(
     updates: dict[str, Any] = {}
     try:
         for item in assignments:
-            key, sep, value = item.partition("=")
-            key = key.strip()
-            if not sep or not key:
-                raise ConfigError(f"{item!r}: expected KEY=VALUE, e.g. controller.mode=eb+")
-            if key not in config.SPECS:
-                raise config.unknown_key(key)
-            updates[key] = config.coerce(key, value.strip())
+            key, _, value = config.assignment(item)
+            updates[key] = value
     except ConfigError as e:
         fail(f"invalid value: {e}", 2)
     print_changes(ask(cfg, "tune", refused=2, updates=updates), updates)
