@@ -25,12 +25,19 @@ seeing that contention, and its report is marked as such. sglang binds the threa
 where its CPU kernels are built (AMX, arm64; ``srt/distributed/bootstrap.py`` ``_init_cpu_threads_env``);
 the scheduler's allowed CPUs are printed with the results.
 
-Scheduler CPU: user + system time of the ``sglang::scheduler`` process (all its threads: torch's, zmq's)
-during the measured load, from /proc; unlike wall-clock times it hardly moves with other load on the
-machine. Hook cost per iteration: the plugin adds ``perf_counter_ns`` around its own work in every hook (not around
-sglang's originals) and keeps the last 4,096 iterations' totals; ``GET /server_info`` returns their
-p50/p99 (``internal_states[0].ebctl.hook_ns``). End to end: the client's duration, output throughput and
-median inter-token latency (≈ one decode iteration).
+With torch pinned, the scheduler's main thread (which plans, runs the forward and processes results) is put
+alone on core 0 and everything else (its other threads, the HTTP server, tokenizer, detokenizer, daemon, the
+load client) on the other cores, as tools/ab_real.py does (``ab_real.pin``): a GPU server's scheduler has a core
+to itself. Scheduler CPU: user + system time of the ``sglang::scheduler`` process (all its threads: torch's,
+zmq's, the plugin's link thread) during the measured load, from /proc, and of its main thread alone; they move
+less with other load on the machine than wall-clock times do (on a 2-vCPU VM the main thread's CPU for one load
+still varies by ~5% between rounds). Each plugin configuration is compared with stock's run of the same round, a
+ratio per round (the machine's speed drifts between rounds): the geometric mean and the range over the rounds,
+and the difference per iteration (the plugin's iteration count over the measured load). Hook cost per iteration:
+the plugin adds ``perf_counter_ns`` around its own work in every hook (not around sglang's originals) and keeps
+the last 4,096 iterations' totals; ``GET /server_info`` returns their p50/p99
+(``internal_states[0].ebctl.hook_ns``). End to end: the client's duration, output throughput and median
+inter-token latency (≈ one decode iteration).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -50,7 +58,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the test harness: daemon, server, client
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))  # tools/ is not a package: its own dir on the path
 
+from ab_real import pin, tree  # noqa: E402
 from harness import Daemon, Server, bench  # noqa: E402
 from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
@@ -91,19 +101,23 @@ def run_one(config: str, venv: Path, model: Path, work: Path, load: dict, torch:
                   "concurrency": load["concurrency"]}
         bench(venv, server.url, work / "warmup.json", num_prompts=load["concurrency"], seed=99, **common)
         sched = scheduler_pid(server.proc.pid)
+        if torch == TORCH_PINNED:  # the main thread alone on core 0, the rest (daemon, client) elsewhere
+            pin([*tree(server.proc.pid), *([daemon.proc.pid] if daemon else [])])
         allowed = allowed_cpus(sched)
-        cpu0 = cpu_seconds(sched)
+        cpu0, main0 = cpu_seconds(sched), cpu_seconds(sched, sched)
         dcpu0 = cpu_seconds(daemon.proc.pid) if daemon else 0.0
+        it0 = server.ebctl()["iterations"] if daemon else 0
         res = bench(venv, server.url, work / "bench.json", num_prompts=load["prompts"], seed=1, **common)
         out = {"config": config, "duration_s": res["duration"], "output_tok_s": res["output_throughput"],
                "median_itl_ms": res["median_itl_ms"], "p99_itl_ms": res["p99_itl_ms"],
                "completed": res["completed"], "sched_cpu_s": cpu_seconds(sched) - cpu0,
+               "main_cpu_s": cpu_seconds(sched, sched) - main0,
                "daemon_cpu_s": cpu_seconds(daemon.proc.pid) - dcpu0 if daemon else 0.0,
-               "sched_cpus_allowed": allowed}
+               "sched_cpus_allowed": allowed, "main_cpus_allowed": allowed_cpus(sched, sched)}
         if config != "stock":
             st = server.ebctl()
             assert st["enabled"], st
-            out.update({"iterations": st["hook_ns"]["iterations"], "hook_p50_us": st["hook_ns"]["p50"] / 1e3,
+            out.update({"iterations": st["iterations"] - it0, "hook_p50_us": st["hook_ns"]["p50"] / 1e3,
                         "hook_p99_us": st["hook_ns"]["p99"] / 1e3, "hook_max_us": st["hook_ns"]["max"] / 1e3,
                         "reports": st["reports"], "policy": st["mode"]})
         return out
@@ -125,17 +139,18 @@ def scheduler_pid(launcher: int) -> int:
     raise RuntimeError(f"no sglang::scheduler process in group {launcher}")
 
 
-def allowed_cpus(pid: int) -> str:
-    """The CPUs the process may run on (``Cpus_allowed_list`` in /proc/PID/status), e.g. "0" or "0-1"."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def allowed_cpus(pid: int, tid: int | None = None) -> str:
+    """The CPUs the process (or its thread ``tid``) may run on (``Cpus_allowed_list``), e.g. "0" or "0-1"."""
+    for line in Path(f"/proc/{pid}" + (f"/task/{tid}" if tid else "") + "/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
     return "?"
 
 
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a process, all its threads (torch's, zmq's) included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """user + system CPU time of a process, all its threads (torch's, zmq's) included; of its thread ``tid``
+    alone if given (the scheduler's main thread: its tid is its pid)."""
+    fields = Path(f"/proc/{pid}" + (f"/task/{tid}" if tid else "") + "/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -269,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--replay-only", action="store_true", help="only the replays (no sglang needed)")
     ap.add_argument("--sweep-mb", type=int, default=16,
@@ -294,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
           f"p50 {ref['p50_us']:.1f} µs, p99 {ref['p99_us']:.1f} µs")
     if a.replay_only:
         return 0
+    if not a.all_cores:  # what this tool starts inherits the other CPUs; pin() then moves the scheduler's main thread
+        os.sched_setaffinity(0, (set(range(os.cpu_count() or 1)) - {0}) or {0})
     venv = sglang_venv(a.venv)
     ensure_installed(venv)
     load = {"prompts": a.prompts, "concurrency": a.concurrency, "max_running": a.max_running,
@@ -318,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
     allowed = sorted({r.get("sched_cpus_allowed", "?") for r in results})
+    main = sorted({r.get("main_cpus_allowed", "?") for r in results})
     lines = [f"load: {load['prompts']} prompts, concurrency {load['concurrency']}, input {load['input_len']}, "
              f"output {load['output_len']} tokens, --max-running-requests {load['max_running']}, tiny model on "
              f"{os.cpu_count()} CPU cores; median over {max(r['round'] for r in results) + 1} round(s)",
-             f"{describe_torch(torch)}; scheduler allowed on CPUs {', '.join(allowed)}",
-             f"{'config':<10} {'iters':>6} {'hook p50':>9} {'hook p99':>9} {'sched CPU':>10} {'daemon CPU':>10} "
+             f"{describe_torch(torch)}; scheduler allowed on CPUs {', '.join(allowed)}, its main thread on "
+             f"{', '.join(main)}",
+             f"{'config':<10} {'iters':>6} {'hook p50':>9} {'hook p99':>9} {'sched CPU':>10} {'main CPU':>9} "
+             f"{'daemon CPU':>10} "
              f"{'duration':>9} {'(min)':>7} {'out tok/s':>10} {'ITL p50':>8}"]
     for config in CONFIGS:
         rs = [r for r in results if r["config"] == config]
@@ -330,25 +350,39 @@ def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
         lines.append(f"{config:<10} {_fmt(m.get('iterations'), '6.0f'):>6} "
                      f"{_fmt(m.get('hook_p50_us'), '.1f', ' µs'):>9} "
                      f"{_fmt(m.get('hook_p99_us'), '.1f', ' µs'):>9} {_fmt(m.get('sched_cpu_s'), '.2f', ' s'):>10} "
+                     f"{_fmt(m.get('main_cpu_s'), '.2f', ' s'):>9} "
                      f"{_fmt(m.get('daemon_cpu_s'), '.2f', ' s'):>10} {_fmt(m.get('duration_s'), '.2f', ' s'):>9} "
                      f"{_fmt(min((r['duration_s'] for r in rs), default=None), '.2f', ' s'):>7} "
                      f"{_fmt(m.get('output_tok_s'), '.0f'):>10} {_fmt(m.get('median_itl_ms'), '.2f', ' ms'):>8}")
-    for key, what in (("sched_cpu_s", "scheduler CPU time"), ("duration_s", "duration")):
-        stock = [r[key] for r in results if r["config"] == "stock"]
-        off = [r[key] for r in results if r["config"] == "ebctl off"]
-        iters = [r["iterations"] for r in results if r["config"] == "ebctl off"]
-        if stock and off:
-            diff = statistics.median(off) - statistics.median(stock)
-            per_iter = ""
-            if key == "sched_cpu_s":
-                per_iter = f", {1e6 * diff / statistics.median(iters):+.0f} µs per iteration"
-            lines.append(f"ebctl off vs stock, {what} for the same load: {100 * diff / statistics.median(stock):+.1f} %"
-                         f"{per_iter}")
+    for key, what in (("main_cpu_s", "the scheduler main thread's CPU time"), ("sched_cpu_s", "scheduler CPU time"),
+                      ("duration_s", "duration")):
+        for config in CONFIGS[1:]:
+            got = paired(results, config, key)
+            if got is not None:
+                mean, lo, hi, per_iter, n = got
+                lines.append(f"{config} vs stock, {what} for the same load: {100 * (mean - 1):+.1f} % "
+                             f"(geometric mean of {n} round(s), range {100 * (lo - 1):+.1f} to {100 * (hi - 1):+.1f} %)"
+                             + (f", {per_iter:+.0f} µs per iteration" if key != "duration_s" and per_iter == per_iter
+                                else ""))
     lines.append("budget (docs/design.md §4): hook work per iteration p50 ≤ 10 µs, p99 ≤ 50 µs")
-    lines.append("per round (duration s / scheduler CPU s / hook p50 µs): " + "; ".join(
-        f"{r['round']} {r['config']}: {r['duration_s']:.2f}/{r['sched_cpu_s']:.2f}/"
+    lines.append("per round (duration s / scheduler CPU s / its main thread's s / hook p50 µs): " + "; ".join(
+        f"{r['round']} {r['config']}: {r['duration_s']:.2f}/{r['sched_cpu_s']:.2f}/{_fmt(r.get('main_cpu_s'), '.2f')}/"
         f"{_fmt(r.get('hook_p50_us'), '.0f')}" for r in results))
     return "\n".join(lines)
+
+
+def paired(results: list[dict], config: str, key: str) -> tuple[float, float, float, float, int] | None:
+    """``config``'s ``key`` against stock's in the same round, each round a ratio (the machine's speed drifts
+    between rounds, less within one): the geometric mean of the ratios, their lowest and highest, the mean
+    difference per iteration in µs (NaN where a run has no iteration count), and the number of rounds."""
+    stock = {r["round"]: r for r in results if r["config"] == "stock" and r.get(key)}
+    pairs = [(r, stock[r["round"]]) for r in results if r["config"] == config and r["round"] in stock and r.get(key)]
+    if not pairs:
+        return None
+    ratios = [r[key] / s[key] for r, s in pairs]
+    per_iter = statistics.mean(1e6 * (r[key] - s[key]) / r["iterations"] if r.get("iterations") else math.nan
+                               for r, s in pairs)
+    return statistics.geometric_mean(ratios), min(ratios), max(ratios), per_iter, len(pairs)
 
 
 def _fmt(v: float | None, spec: str, unit: str = "") -> str:

@@ -1,6 +1,7 @@
 """tools/bench_hook.py runs the CPU server with one pinned OpenMP thread, says so, and ``--all-cores`` really
 unpins it (the test harness's Server pins unless told otherwise). No server is started here."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def bench_hook():
     with tool("bench_hook") as module:  # puts tests/sglang (the harness) on sys.path
         yield module
+    sys.modules.pop("ab_real", None)  # imported by bench_hook from tools/
 
 
 class Started(Exception):
@@ -64,3 +66,17 @@ def test_the_report_names_the_threading(bench_hook):
                                      "max_running": 16}, bench_hook.torch_env(all_cores=False))
     assert "torch pinned: one OpenMP thread (OMP_NUM_THREADS=1, SGLANG_CPU_OMP_THREADS_BIND=0)" in text
     assert "scheduler allowed on CPUs 0-1" in text
+
+
+def test_each_round_is_compared_with_stocks_run_of_that_round(bench_hook):
+    # round 0: stock 10 s, off 11 s (+10%); round 1 (the machine slower): stock 20 s, off 19 s (−5%); 1,000
+    # iterations each: +1,000 µs and −1,000 µs per iteration. Medians would say off 15 s against stock's 15 s.
+    rows = [{"config": "stock", "round": 0, "main_cpu_s": 10.0}, {"config": "stock", "round": 1, "main_cpu_s": 20.0},
+            {"config": "ebctl off", "round": 0, "main_cpu_s": 11.0, "iterations": 1000},
+            {"config": "ebctl off", "round": 1, "main_cpu_s": 19.0, "iterations": 1000},
+            {"config": "ebctl eb", "round": 2, "main_cpu_s": 5.0, "iterations": 1000}]  # no stock run in round 2
+    mean, lo, hi, per_iter, n = bench_hook.paired(rows, "ebctl off", "main_cpu_s")
+    assert mean == pytest.approx((1.1 * 0.95) ** 0.5)
+    assert (lo, hi, n) == (pytest.approx(0.95), pytest.approx(1.1), 2)
+    assert per_iter == pytest.approx(0.0)
+    assert bench_hook.paired(rows, "ebctl eb", "main_cpu_s") is None
