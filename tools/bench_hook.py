@@ -1,7 +1,7 @@
 """Per-iteration cost of the ebctl hooks inside a real SGLang scheduler (docs/design.md §4 budget: p50 ≤ 10 µs,
 p99 ≤ 50 µs), and the end-to-end effect: the same load against the same server with and without the plugin.
 
-    python tools/bench_hook.py [--venv VENV] [--prompts 300] [--concurrency 24] [--input-len 64]
+    python tools/bench_hook.py [--venv VENV] [--prompts 1000] [--concurrency 24] [--input-len 64]
                                [--output-len 64] [--rounds 2] [--json OUT]
 
 Runs the tiny model on CPU (tools/sglang_cpu/, the environment of tools/sglang_env.sh, this checkout
@@ -113,7 +113,7 @@ def run_one(config: str, venv: Path, model: Path, work: Path, load: dict, torch:
                "completed": res["completed"], "sched_cpu_s": cpu_seconds(sched) - cpu0,
                "main_cpu_s": cpu_seconds(sched, sched) - main0,
                "daemon_cpu_s": cpu_seconds(daemon.proc.pid) - dcpu0 if daemon else 0.0,
-               "sched_cpus_allowed": allowed, "main_cpus_allowed": allowed_cpus(sched, sched)}
+               "sched_cpus_allowed": allowed}
         if config != "stock":
             st = server.ebctl()
             assert st["enabled"], st
@@ -139,9 +139,9 @@ def scheduler_pid(launcher: int) -> int:
     raise RuntimeError(f"no sglang::scheduler process in group {launcher}")
 
 
-def allowed_cpus(pid: int, tid: int | None = None) -> str:
-    """The CPUs the process (or its thread ``tid``) may run on (``Cpus_allowed_list``), e.g. "0" or "0-1"."""
-    for line in Path(f"/proc/{pid}" + (f"/task/{tid}" if tid else "") + "/status").read_text().splitlines():
+def allowed_cpus(pid: int) -> str:
+    """The CPUs the process's main thread may run on (``Cpus_allowed_list`` in /proc/PID/status), e.g. "0"."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
     return "?"
@@ -277,7 +277,7 @@ def replay(iterations: int = 20000, sweep_mb: int = 0, minimal: bool = False) ->
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv")
-    ap.add_argument("--prompts", type=int, default=300)
+    ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=24,
                     help="client concurrency; above --max-running so requests wait at every step and eb's gate "
                          "decides each one (an empty queue skips it)")
@@ -334,13 +334,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
-    allowed = sorted({r.get("sched_cpus_allowed", "?") for r in results})
-    main = sorted({r.get("main_cpus_allowed", "?") for r in results})
+    allowed = sorted({r.get("sched_cpus_allowed", "?") for r in results})  # /proc/PID/status: the main thread's
     lines = [f"load: {load['prompts']} prompts, concurrency {load['concurrency']}, input {load['input_len']}, "
              f"output {load['output_len']} tokens, --max-running-requests {load['max_running']}, tiny model on "
              f"{os.cpu_count()} CPU cores; median over {max(r['round'] for r in results) + 1} round(s)",
-             f"{describe_torch(torch)}; scheduler allowed on CPUs {', '.join(allowed)}, its main thread on "
-             f"{', '.join(main)}",
+             f"{describe_torch(torch)}; the scheduler's main thread allowed on CPUs {', '.join(allowed)}",
              f"{'config':<10} {'iters':>6} {'hook p50':>9} {'hook p99':>9} {'sched CPU':>10} {'main CPU':>9} "
              f"{'daemon CPU':>10} "
              f"{'duration':>9} {'(min)':>7} {'out tok/s':>10} {'ITL p50':>8}"]

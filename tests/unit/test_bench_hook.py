@@ -65,7 +65,7 @@ def test_the_report_names_the_threading(bench_hook):
     text = bench_hook.report([row], {"prompts": 300, "concurrency": 24, "input_len": 64, "output_len": 64,
                                      "max_running": 16}, bench_hook.torch_env(all_cores=False))
     assert "torch pinned: one OpenMP thread (OMP_NUM_THREADS=1, SGLANG_CPU_OMP_THREADS_BIND=0)" in text
-    assert "scheduler allowed on CPUs 0-1" in text
+    assert "the scheduler's main thread allowed on CPUs 0-1" in text
 
 
 def test_each_round_is_compared_with_stocks_run_of_that_round(bench_hook):
