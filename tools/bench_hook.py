@@ -2,7 +2,7 @@
 p99 ≤ 50 µs), and the end-to-end effect: the same load against the same server with and without the plugin.
 
     python tools/bench_hook.py [--venv VENV] [--prompts 1000] [--concurrency 24] [--input-len 64]
-                               [--output-len 64] [--rounds 2] [--json OUT]
+                               [--output-len 64] [--rounds 3] [--json OUT]
 
 Runs the tiny model on CPU (tools/sglang_cpu/, the environment of tools/sglang_env.sh, this checkout
 installed into it). For each configuration a fresh server (and, with the plugin, a daemon) is started,
