@@ -106,7 +106,7 @@ def run_one(config: str, venv: Path, model: Path, work: Path, load: dict, torch:
         allowed = allowed_cpus(sched)
         cpu0, main0 = cpu_seconds(sched), cpu_seconds(sched, sched)
         dcpu0 = cpu_seconds(daemon.proc.pid) if daemon else 0.0
-        it0 = server.ebctl()["iterations"] if daemon else 0
+        it0 = server.ebctl()["iterations"] if config != "stock" else 0
         res = bench(venv, server.url, work / "bench.json", num_prompts=load["prompts"], seed=1, **common)
         out = {"config": config, "duration_s": res["duration"], "output_tok_s": res["output_throughput"],
                "median_itl_ms": res["median_itl_ms"], "p99_itl_ms": res["p99_itl_ms"],
@@ -358,10 +358,10 @@ def report(results: list[dict], load: dict, torch: dict[str, str]) -> str:
             got = paired(results, config, key)
             if got is not None:
                 mean, lo, hi, per_iter, n = got
+                per = "" if key == "duration_s" or math.isnan(per_iter) else f", {per_iter:+.0f} µs per iteration"
                 lines.append(f"{config} vs stock, {what} for the same load: {100 * (mean - 1):+.1f} % "
                              f"(geometric mean of {n} round(s), range {100 * (lo - 1):+.1f} to {100 * (hi - 1):+.1f} %)"
-                             + (f", {per_iter:+.0f} µs per iteration" if key != "duration_s" and per_iter == per_iter
-                                else ""))
+                             f"{per}")
     lines.append("budget (docs/design.md §4): hook work per iteration p50 ≤ 10 µs, p99 ≤ 50 µs")
     lines.append("per round (duration s / scheduler CPU s / its main thread's s / hook p50 µs): " + "; ".join(
         f"{r['round']} {r['config']}: {r['duration_s']:.2f}/{r['sched_cpu_s']:.2f}/{_fmt(r.get('main_cpu_s'), '.2f')}/"
