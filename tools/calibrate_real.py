@@ -5,14 +5,16 @@
 
 1. **Calibrate under ``ebctl start``.** ``ebctl start --engine sglang`` runs the daemon and the tiny model
    (tools/sglang_cpu/; one torch thread, SGLANG_CPU_OMP_THREADS_BIND=0) with the daemon's defaults;
-   sglang's own client (``sglang.benchmark.serving``, random-ids) loads it for ``--duration`` seconds
-   (workload A). Then ``ebctl tune calibrate --out PROFILE`` writes the profile, and ``ebctl status --json``
-   must say the online fits are in use (``costs.source == "online"``).
+   first every prefill row count runs once and the daemon forgets those iterations (:func:`warm`: on a CPU
+   with AMX the first forward of a row count builds its kernels), then sglang's own client
+   (``sglang.benchmark.serving``, random-ids) loads it for ``--duration`` seconds (workload A). Then ``ebctl
+   tune calibrate --out PROFILE`` writes the profile, and ``ebctl status --json`` must say the online fits are
+   in use (``costs.source == "online"``).
 2. **A later run, another workload.** A fresh daemon seeded with the profile (``daemon.profile``), the same
    server flags, and a tap between the plugin and the daemon that records every iteration report
    (tests/sglang/harness.py's ``Tap``: ``ebctl start`` wires the engine straight to its daemon, so the tap
-   needs the pieces started one by one). Workload B (other input/output lengths and concurrency) runs for
-   half the duration.
+   needs the pieces started one by one). Warmed the same way, then workload B (other input/output lengths and
+   concurrency) runs for half the duration.
 3. **The check.** Per batch kind, the profile's ``iteration_costs`` predict workload B's iterations (features
    and ``switched`` computed as the daemon does, ``costfit.OnlineCosts``); ``costmodel.judge`` gives the
    median relative error against predicting the mean of the calibration run (the profile's ``fit.<kind>.
@@ -42,12 +44,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang"))  # the harness: daemon, tap, server, client
 sys.path.insert(0, str(REPO))
 
-from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, ebctl_start, engine_config, server_env  # noqa: E402
+from harness import ONE_TORCH_CORE, Daemon, Server, Tap, bench, ebctl_start, engine_config, server_env, warm_shapes  # noqa: E402
 from server import ensure_installed, exit_on_sigterm, sglang_venv  # noqa: E402 -- tools/sglang_cpu, on the path via harness
 
 from ebctl import profiles  # noqa: E402
 from ebctl.costfit import KINDS, OnlineCosts  # noqa: E402
 from ebctl.costmodel import judge  # noqa: E402
+from ebctl.params import ControllerParams  # noqa: E402
 
 SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                "--max-total-tokens", "16384", "--mem-fraction-static", "0.1", "--max-running-requests", "16",
@@ -62,6 +65,8 @@ SERVER_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disa
 WORKLOAD_A = [{"input_len": 64, "output_len": 64, "range_ratio": 0.5, "concurrency": 4, "num_prompts": 32},
               {"input_len": 160, "output_len": 64, "range_ratio": 0.5, "concurrency": 10, "num_prompts": 60},
               {"input_len": 320, "output_len": 48, "range_ratio": 0.5, "concurrency": 24, "num_prompts": 96}]
+CHUNK = 256  # --chunked-prefill-size above: the most rows a prefill batch holds
+FORGET = 20  # the smallest controller.cost_window: what the windows keep of the warm-up (warm iterations)
 WORKLOAD_B = [{"input_len": 480, "output_len": 32, "range_ratio": 0.5, "concurrency": 2, "num_prompts": 120}]
 
 
@@ -82,11 +87,29 @@ def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60, cwd="/")
 
 
+def warm(venv: Path, url: str, rt: Path, sets: list[str]) -> None:
+    """Calibrate a warmed engine: every prefill row count once (harness.warm_shapes: on a CPU with AMX the first
+    forward of a row count builds its kernels, a one-time cost the model is not meant to describe), then the
+    daemon forgets those iterations. Shrinking ``controller.cost_window`` keeps a window's newest rows, so the
+    newest are made warm ones first (``FORGET`` more prefills of row counts already run), then the window is
+    shrunk to them and restored."""
+    warm_shapes(url, CHUNK)
+    warm_shapes(url, FORGET, seed=1)
+    window = next((int(kv.split("=", 1)[1]) for kv in reversed(sets) if kv.startswith("controller.cost_window=")),
+                  ControllerParams().cost_window)
+    for size in (FORGET, window):
+        p = ebctl(venv, rt, "tune", "set", f"controller.cost_window={size}")
+        if p.returncode != 0:
+            raise RuntimeError(f"ebctl tune set controller.cost_window={size}: {p.stderr.strip()}")
+    print(f"[calibrate] warmed: {CHUNK + FORGET} prefills, then the cost windows kept the last {FORGET}", flush=True)
+
+
 def calibrate(venv: Path, model: Path, work: Path, seconds: float, out: Path, sets: list[str]) -> dict[str, Any]:
     """Step 1: ``ebctl start`` + workload A, then ``tune calibrate`` and ``status``."""
     env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
     env.update(ONE_TORCH_CORE)
     with ebctl_start(venv, model, work, SERVER_ARGS, sets, env=env) as (_, url):
+        warm(venv, url, work / "rt", sets)
         print(f"[calibrate] serving at {url}; workload A for {seconds:.0f} s: {WORKLOAD_A}", flush=True)
         load = load_for(venv, url, work, seconds, WORKLOAD_A, "a")
         cal = ebctl(venv, work / "rt", "tune", "calibrate", "--out", str(out))
@@ -106,11 +129,15 @@ def later_run(venv: Path, model: Path, work: Path, seconds: float, prof_path: Pa
         daemon = Daemon(work, {**dict(kv.split("=", 1) for kv in sets), "daemon.profile": str(prof_path)})
         tap = Tap(work, daemon.cfg.endpoint("telemetry"))
         server = Server(venv, model, work, SERVER_ARGS, ebctl_config=engine_config(work, daemon, tap))
-        print(f"[later run] workload B for {seconds:.0f} s: {WORKLOAD_B}", flush=True)
+        warm_shapes(server.url, CHUNK)  # the profile describes a warmed engine: judged on one
+        time.sleep(1.0)
+        first = len(tap.reports)
+        print(f"[later run] warmed ({first} reports); workload B for {seconds:.0f} s: {WORKLOAD_B}", flush=True)
         load_for(venv, server.url, work, seconds, WORKLOAD_B, "b")
         time.sleep(1.0)  # the last reports
-        (work / "reports.json").write_bytes(msgspec.json.encode(tap.reports))  # kept for a second look
-        return list(tap.reports)
+        reports = list(tap.reports)[first:]
+        (work / "reports.json").write_bytes(msgspec.json.encode(reports))  # kept for a second look
+        return reports
     finally:
         for part, how in ((server, "close"), (tap, "close"), (daemon, "stop")):
             if part is not None:

@@ -1,10 +1,11 @@
 """``ebctl tune calibrate`` on the real SGLang 0.5.23 CPU server: tools/calibrate_real.py --quick runs the tiny
-model under ``ebctl start`` with sglang's own client for 60 s, calibrates, reads ``ebctl status``, then
-predicts a later run of another workload. Asserted here: the profile was written, the online fits of prefill
-and decode passed the quality test (costmodel.judge) and were in use, and the file round-trips through
-``profiles.load``. The test runs the quality test at 40% (``controller.cost_max_rel_err``), not the default
-20%: 60 s of load on a 2-core CI machine beside the test's own client is what this checks the machinery on;
-whether a 5-minute calibration meets 20% and predicts another workload is the full tool run, whose figures
+model under ``ebctl start`` (warmed first: every prefill row count once, then forgotten by the daemon) with
+sglang's own client for 60 s, calibrates, reads ``ebctl status``, then predicts a later run of another
+workload. Asserted here: the profile was written, the online fits of prefill and decode passed the quality test
+(costmodel.judge) and were in use, and the file round-trips through ``profiles.load``. The test runs the
+quality test at 40% (``controller.cost_max_rel_err``), not the default 20%: 60 s of load on a 2-core CI
+machine beside the test's own client is what this checks the machinery on; whether a 5-minute calibration
+meets 20% and predicts another workload is the full tool run, whose figures
 are in docs/results/calibrate_real.md. The later run's figures are printed, not asserted."""
 
 from __future__ import annotations
