@@ -5,8 +5,8 @@
 
 1. **Calibrate under ``ebctl start``.** ``ebctl start --engine sglang`` runs the daemon and the tiny model
    (tools/sglang_cpu/; one torch thread, SGLANG_CPU_OMP_THREADS_BIND=0) with the daemon's defaults;
-   first every prefill row count runs once and the daemon forgets those iterations (:func:`warm`: on a CPU
-   with AMX the first forward of a row count builds its kernels), then sglang's own client
+   first every prefill row count runs once and the daemon forgets those iterations (:func:`warm`: on the Intel
+   VM the first forward of a row count costs more than later ones), then sglang's own client
    (``sglang.benchmark.serving``, random-ids) loads it for ``--duration`` seconds (workload A). Then ``ebctl
    tune calibrate --out PROFILE`` writes the profile, and ``ebctl status --json`` must say the online fits are
    in use (``costs.source == "online"``).
@@ -88,8 +88,8 @@ def ebctl(venv: Path, rt: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def warm(venv: Path, url: str, rt: Path, sets: list[str]) -> None:
-    """Calibrate a warmed engine: every prefill row count once (harness.warm_shapes: on a CPU with AMX the first
-    forward of a row count builds its kernels, a one-time cost the model is not meant to describe), then the
+    """Calibrate a warmed engine: every prefill row count once (harness.warm_shapes: the first forward of a row
+    count can cost more than later ones, a one-time cost the model is not meant to describe), then the
     daemon forgets those iterations. Shrinking ``controller.cost_window`` keeps a window's newest rows, so the
     newest are made warm ones first (``FORGET`` more prefills of row counts already run), then the window is
     shrunk to them and restored."""
