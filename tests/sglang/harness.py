@@ -264,9 +264,9 @@ def bench(venv: Path, url: str, out: Path, *, num_prompts: int, input_len: int =
     return json.loads(out.read_text().splitlines()[-1])
 
 
-def warm_shapes(url: str, max_tokens: int, *, seed: int = 0) -> int:
+def warm_shapes(url: str, max_tokens: int, *, seed: int = 0) -> None:
     """Run one prefill of every row count 1..``max_tokens`` (one request each, a fresh random prompt of ids
-    10-499, within the tiny model's 512, one output token, one at a time); the number of requests sent. On this
+    10-499, within the tiny model's 512, one output token, one at a time). On this
     project's Intel VM (AMX) the first forward of a row count costs more than later ones (kernels built for the
     shape; torch's bf16 ``linear`` alone: ~1 ms the first time, 0.07 ms after): a prefill of a row count already
     run took 4.7 ms (median), a first one 8.3 ms, and in a 60-s calibration more than half the prefills were
@@ -277,7 +277,6 @@ def warm_shapes(url: str, max_tokens: int, *, seed: int = 0) -> int:
     for n in range(1, max_tokens + 1):
         post_json(f"{url}/generate", {"input_ids": [rng.randrange(10, 500) for _ in range(n)],
                                       "sampling_params": {"max_new_tokens": 1, "temperature": 0}}, timeout=60)
-    return max_tokens
 
 
 class Rig:
