@@ -31,6 +31,8 @@ def report_fault(r: IterationReport, lim: DaemonConfig) -> str | None:
     if any(getattr(r, f) > lim.max_kv_tokens for f in _TOKEN_FIELDS) or any(
             f.input_len > lim.max_kv_tokens or f.output_len > lim.max_kv_tokens for f in r.finished):
         return "tokens"
+    if r.prefill_ctx_tokens > r.prefill_tokens * lim.max_kv_tokens:  # a prompt token attends to the KV at most
+        return "tokens"
     return None
 
 

@@ -12,8 +12,8 @@ report's wall time closes the *next* batch's forward, so calibration runs use ``
 
 Each kind (prefill, decode, mixed) is fitted with :func:`ebctl.costmodel.fit_phase` (the project's one fit
 and its held-out judgement, :func:`ebctl.costmodel.judge`), on the same features as the daemon:
-prefill tokens, prefill requests, decode requests, decode context tokens, and ``switched`` (the previous
-non-idle iteration was of another kind).
+prefill tokens, prefill requests, decode requests, decode context tokens, ``switched`` (the previous
+non-idle iteration was of another kind), and prefill context tokens (:func:`ebctl.costmodel.report_features`).
 
 Pure: lists of reports in, numbers out.
 """
@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ebctl.costmodel import FEATURES, IterationCosts, PhaseFit, fit_phase, phase_cost
+from ebctl.costmodel import FEATURES, IterationCosts, PhaseFit, fit_phase, phase_cost, report_features
 from ebctl.protocol import BatchKind, IterationReport
 
 KINDS = (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED)
@@ -37,10 +37,6 @@ class Samples(NamedTuple):
 
     x: dict[BatchKind, np.ndarray]
     y: dict[BatchKind, np.ndarray]
-
-
-def features(r: IterationReport, switched: bool) -> list[float]:
-    return [r.prefill_tokens, r.prefill_reqs, r.decode_reqs, r.decode_ctx_tokens, float(switched)]
 
 
 def periods(runs: Iterable[Sequence[IterationReport]], *, seconds: str = "period") -> Samples:
@@ -66,7 +62,7 @@ def periods(runs: Iterable[Sequence[IterationReport]], *, seconds: str = "period
             else:
                 y = -1.0
             if 0.0 < y <= MAX_PERIOD_S:
-                xs[r.kind].append(features(r, switched))
+                xs[r.kind].append(report_features(r, switched))
                 ys[r.kind].append(y)
             prev, last_kind = r, r.kind
     return Samples({k: np.array(v, dtype=float).reshape(-1, len(FEATURES)) for k, v in xs.items()},

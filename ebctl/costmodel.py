@@ -3,13 +3,15 @@
 What one engine iteration costs, from what the iteration report says it held (docs/design.md §2, "The per-iteration
 contract"): per batch kind (prefill, decode, mixed) a linear function of
 
-    x = (1, prefill_tokens, prefill_reqs, decode_reqs, decode_ctx_tokens, switched)
+    x = (1, prefill_tokens, prefill_reqs, decode_reqs, decode_ctx_tokens, switched, prefill_ctx_tokens)
 
 where ``switched`` is 1 when the previous non-idle iteration was of another kind (a decode step after a
 prefill, a prefill after decode steps): the engine's cost of changing phase, if the data show one. The
 intercept holds the engine's fixed per-iteration overheads (scheduling, input preparation, the weights
-streamed once); the per-request terms its per-request overheads (sampling, output processing); the decode
-context term the attention over each request's KV. The paper's α/β (section 3.1) are special cases.
+streamed once); the per-request terms its per-request overheads (sampling, output processing); the context
+terms the attention: a decode row attends to its request's whole KV, a prompt chunk of e tokens after p
+tokens of prefix to e·p + e(e + 1)/2 keys in all (``IterationReport.prefill_ctx_tokens``): the last chunk of a
+long prompt costs more than its first. The paper's α/β (section 3.1) are special cases.
 
 One model, three users: the daemon fits it online from iteration reports, ``ebctl tune calibrate`` writes
 it into a profile, and the simulator prices iterations with it. A fit is used only if it passes
@@ -33,12 +35,13 @@ from scipy.optimize import nnls
 from ebctl import model
 from ebctl.protocol import BatchKind, IterationReport
 
-FEATURES = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched")
+FEATURES = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched", "prefill_ctx_tokens")
 # The features a kind's iterations can carry (a prefill holds no decode rows, a decode step no prompt).
 KIND_FEATURES: dict[BatchKind, tuple[str, ...]] = {
-    BatchKind.PREFILL: ("prefill_tokens", "prefill_reqs", "switched"),
+    BatchKind.PREFILL: ("prefill_tokens", "prefill_reqs", "switched", "prefill_ctx_tokens"),
     BatchKind.DECODE: ("decode_reqs", "decode_ctx_tokens", "switched"),
-    BatchKind.MIXED: ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched"),
+    BatchKind.MIXED: ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_ctx_tokens", "switched",
+                      "prefill_ctx_tokens"),
 }
 MAX_REL_ERR = 0.20  # the project's one threshold for a usable cost fit
 MIN_SAMPLES = 20  # iterations a kind needs before it is fitted
@@ -60,17 +63,18 @@ class PhaseCost(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     decode_req_s: float = 0.0
     decode_ctx_token_s: float = 0.0
     switched_s: float = 0.0
+    prefill_ctx_token_s: float = 0.0  # per key a prompt token attends to (0 in profiles written before it)
 
     def coef(self) -> np.ndarray:
         """(intercept, then one coefficient per name of :data:`FEATURES`)."""
         return np.array([self.intercept_s, self.prefill_token_s, self.prefill_req_s, self.decode_req_s,
-                         self.decode_ctx_token_s, self.switched_s])
+                         self.decode_ctx_token_s, self.switched_s, self.prefill_ctx_token_s])
 
     def predict(self, prefill_tokens: float = 0, prefill_reqs: float = 0, decode_reqs: float = 0,
-                decode_ctx_tokens: float = 0, switched: float = 0) -> float:
+                decode_ctx_tokens: float = 0, switched: float = 0, prefill_ctx_tokens: float = 0) -> float:
         return (self.intercept_s + self.prefill_token_s * prefill_tokens + self.prefill_req_s * prefill_reqs
                 + self.decode_req_s * decode_reqs + self.decode_ctx_token_s * decode_ctx_tokens
-                + self.switched_s * switched)
+                + self.switched_s * switched + self.prefill_ctx_token_s * prefill_ctx_tokens)
 
     def predict_rows(self, x: np.ndarray) -> np.ndarray:
         """Seconds for each row of ``x`` (one column per name of :data:`FEATURES`)."""
@@ -82,7 +86,7 @@ def phase_cost(coef: np.ndarray) -> PhaseCost:
     """The PhaseCost of a coefficient vector in :meth:`PhaseCost.coef` order."""
     c = [float(v) for v in coef]
     return PhaseCost(intercept_s=c[0], prefill_token_s=c[1], prefill_req_s=c[2], decode_req_s=c[3],
-                     decode_ctx_token_s=c[4], switched_s=c[5])
+                     decode_ctx_token_s=c[4], switched_s=c[5], prefill_ctx_token_s=c[6])
 
 
 class IterationCosts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -111,7 +115,7 @@ def report_features(r: IterationReport, switched: bool) -> tuple[float, ...]:
     """One report's :data:`FEATURES` row. ``switched``: the engine's previous non-idle iteration was of
     another kind (the caller knows the previous report; a report alone does not)."""
     return (float(r.prefill_tokens), float(r.prefill_reqs), float(r.decode_reqs), float(r.decode_ctx_tokens),
-            1.0 if switched else 0.0)
+            1.0 if switched else 0.0, float(r.prefill_ctx_tokens))
 
 
 class Quality(NamedTuple):
@@ -228,11 +232,13 @@ class Shape(NamedTuple):
     """The mean composition of one kind's iterations, what turns per-request and per-context-token costs
     into the paper's per-token and per-request β: prompt tokens per prefill row (Σ tokens / Σ prefill
     requests: a prompt split into chunks counts once per chunk), context tokens per decode row
-    (Σ context / Σ decode requests), and the share of iterations that changed phase."""
+    (Σ context / Σ decode requests), the share of iterations that changed phase, and the keys a prompt token
+    attended to (Σ prefill context / Σ prompt tokens)."""
 
     tokens_per_prefill_req: float = math.nan
     ctx_per_decode_req: float = math.nan
     switched_frac: float = math.nan
+    ctx_per_prefill_token: float = math.nan
 
 
 def shape(x: np.ndarray) -> Shape:
@@ -242,7 +248,7 @@ def shape(x: np.ndarray) -> Shape:
 
     def ratio(num: float, den: float) -> float:
         return float(num / den) if den > 0 else math.nan
-    return Shape(ratio(s[0], s[1]), ratio(s[3], s[2]), ratio(s[4], len(x)))
+    return Shape(ratio(s[0], s[1]), ratio(s[3], s[2]), ratio(s[4], len(x)), ratio(s[5], s[0]))
 
 
 def paper_costs(ic: IterationCosts, *, prefill: Shape, decode: Shape, mixed: Shape | None = None) -> model.Costs:
@@ -256,8 +262,9 @@ def paper_costs(ic: IterationCosts, *, prefill: Shape, decode: Shape, mixed: Sha
       decode step after a refill pays the second switch, once per cycle like the rest of α_p. (A refill
       the engine splits into several prefill iterations pays the extra intercepts per chunk, not per cycle:
       they are not in α_p.)
-    * β_p = prefill ``prefill_token_s`` + ``prefill_req_s`` / (tokens per prefill row): per-request
-      overheads spread over the prompt tokens that carry them.
+    * β_p = prefill ``prefill_token_s`` + ``prefill_req_s`` / (tokens per prefill row) + ``prefill_ctx_token_s``
+      × (keys per prompt token): per-request overheads spread over the prompt tokens that carry them, and the
+      attention over each chunk's prefix at the prompts the prefills carried.
     * α_d = decode intercept (a decode step's fixed cost: scheduling, the weights streamed once).
     * β_d = ``decode_req_s`` + ``decode_ctx_token_s`` × (context tokens per decode row): the paper's β_d is
       per request; the attention over each request's KV enters at the context the decode steps carried.
@@ -280,14 +287,16 @@ def paper_costs(ic: IterationCosts, *, prefill: Shape, decode: Shape, mixed: Sha
     p, d, m = ic.prefill, ic.decode, ic.mixed
     d_switch = d.switched_s if d is not None else 0.0
     alpha_p = nan if p is None else p.intercept_s + p.switched_s + d_switch
-    beta_p = nan if p is None else p.prefill_token_s + per_inv(p.prefill_req_s, prefill.tokens_per_prefill_req)
+    beta_p = nan if p is None else (p.prefill_token_s + per_inv(p.prefill_req_s, prefill.tokens_per_prefill_req)
+                                    + per(p.prefill_ctx_token_s, prefill.ctx_per_prefill_token))
     alpha_d = nan if d is None else d.intercept_s
     beta_d = nan if d is None else d.decode_req_s + per(d.decode_ctx_token_s, decode.ctx_per_decode_req)
     out = model.Costs(alpha_p=alpha_p, beta_p=beta_p, alpha_d=alpha_d, beta_d=beta_d)
     if m is None:
         return out
     mixed = mixed or Shape()
-    m_p = m.prefill_token_s + per_inv(m.prefill_req_s, mixed.tokens_per_prefill_req)
+    m_p = (m.prefill_token_s + per_inv(m.prefill_req_s, mixed.tokens_per_prefill_req)
+           + per(m.prefill_ctx_token_s, mixed.ctx_per_prefill_token))
     m_d = m.decode_req_s + per(m.decode_ctx_token_s, mixed.ctx_per_decode_req)
     return model.Costs(alpha_p=alpha_p, beta_p=beta_p, alpha_d=alpha_d, beta_d=beta_d,
                        alpha_mb=m.intercept_s + per(m.switched_s, mixed.switched_frac), c0=m_p, c1=m_d - m_p, c2=0.0)

@@ -65,6 +65,10 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
     prefill_tokens: int = 0
     decode_reqs: int = 0
     decode_ctx_tokens: int = 0  # sum of the decode requests' context lengths
+    # the keys the prefill rows' queries attend to, summed: a chunk of e tokens after p of its prompt already in
+    # the KV (a cached prefix, earlier chunks) counts e·p + e(e + 1)/2; decode_ctx_tokens is the same count for
+    # decode rows (one query each). 0 from an engine that does not say (the cost fits then see no such term).
+    prefill_ctx_tokens: int = 0
     running: int = 0  # running, waiting and kv_used: when the step was formed (its new tokens included)
     waiting: int = 0
     kv_used: int = 0
@@ -236,7 +240,7 @@ def _finite_nonneg(name: str, x: float) -> None:
 
 
 def _validate_report(r: IterationReport) -> None:
-    for name in ("seq", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_ctx_tokens",
+    for name in ("seq", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_ctx_tokens", "prefill_ctx_tokens",
                  "running", "waiting", "kv_used", "kv_total", "max_running"):
         if getattr(r, name) < 0:
             raise ProtocolError(f"{name}={getattr(r, name)}: must be >= 0")

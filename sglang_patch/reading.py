@@ -32,25 +32,36 @@ def batch_kinds() -> dict[Any, BatchKind]:
             M.IDLE: BatchKind.IDLE}
 
 
-def batch_shape(batch: Any, kind: BatchKind, seq_lens_sum: int | None = None) -> tuple[int, int, int, int]:
-    """(prefill requests, prefill tokens, decode requests, decode context tokens) of an executed batch.
+def batch_shape(batch: Any, kind: BatchKind, seq_lens_sum: int | None = None) -> tuple[int, int, int, int, int]:
+    """(prefill requests, prefill tokens, decode requests, decode context tokens, prefill context tokens) of an
+    executed batch.
 
     ``seq_lens_sum``: the batch's ``seq_lens_sum`` as its forward left it (``ForwardBatch.init_new`` sets
     it), if known; else the batch's own attribute, else the sum of ``seq_lens_cpu`` (a tensor operation,
     ~1.5 µs: the reason to pass it). MIXED: ``mix_with_running`` appends the decode rows after the prefill
     rows and one token per decode row to ``extend_num_tokens``; ``seq_lens_cpu`` already counts the token
-    being produced.
+    being produced. Prefill context: each prefill row's ``extend_lens`` e and ``prefix_lens`` p (lists that
+    ``prepare_for_extend`` sets, schedule_batch.py:2885-2886, ``mix_with_running`` extends with the decode rows,
+    3358-3359, and ``copy`` keeps for result processing, 4000-4001), e·p + e(e + 1)/2 summed.
     """
     bs = len(batch.reqs)
     if kind is BatchKind.DECODE:
         ctx = batch.seq_lens_sum if seq_lens_sum is None else seq_lens_sum
-        return 0, 0, bs, _total(batch.seq_lens_cpu) if ctx is None else ctx
+        return 0, 0, bs, _total(batch.seq_lens_cpu) if ctx is None else ctx, 0
     if kind is BatchKind.IDLE:
-        return 0, 0, 0, 0
+        return 0, 0, 0, 0, 0
     n_dec = len(batch.decoding_reqs or ()) if kind is BatchKind.MIXED else 0
     tokens = (batch.extend_num_tokens or 0) - n_dec
     ctx = _total(batch.seq_lens_cpu[-n_dec:]) if n_dec and batch.seq_lens_cpu is not None else 0
-    return bs - n_dec, max(tokens, 0), n_dec, ctx
+    return bs - n_dec, max(tokens, 0), n_dec, ctx, prefill_ctx(batch.extend_lens, batch.prefix_lens, bs - n_dec)
+
+
+def prefill_ctx(extend_lens: list[int] | None, prefix_lens: list[int] | None, rows: int) -> int:
+    """Σ e·p + e(e + 1)/2 over the first ``rows`` rows (the prefill rows: a mixed batch's decode rows come after
+    them); 0 where sglang did not set the lists."""
+    if not extend_lens or not prefix_lens:
+        return 0
+    return sum(e * p + e * (e + 1) // 2 for e, p in zip(extend_lens[:rows], prefix_lens[:rows], strict=False))
 
 
 def _total(lens: Any) -> int:

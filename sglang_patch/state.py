@@ -446,9 +446,9 @@ class PluginState:
         if self.pending:
             finished, self.pending = (*self.pending, *finished), []
         if kind is BatchKind.DECODE and ctx is not None:  # most steps: batch_shape's answer, without the call
-            p_reqs, p_tokens, d_reqs, d_ctx = 0, 0, len(reqs), ctx
+            p_reqs, p_tokens, d_reqs, d_ctx, p_ctx = 0, 0, len(reqs), ctx, 0
         else:
-            p_reqs, p_tokens, d_reqs, d_ctx = batch_shape(batch, kind, ctx)
+            p_reqs, p_tokens, d_reqs, d_ctx, p_ctx = batch_shape(batch, kind, ctx)
             if kind is BatchKind.MIXED:
                 self.mixed_steps += 1
         seq = self.seq  # what _send does, inline on this per-step path (a call costs ~0.5 µs cold)
@@ -459,7 +459,8 @@ class PluginState:
         self.link.report(IterationReport(
             engine_id=s.engine_id, instance=self.link.instance, seq=seq, wall_time=wall_clock(), forward_s=forward_s,
             kind=kind, prefill_reqs=p_reqs, prefill_tokens=p_tokens, decode_reqs=d_reqs, decode_ctx_tokens=d_ctx,
-            running=running, waiting=waiting, kv_used=kv_used, kv_total=s.kv_total, max_running=s.max_running,
+            prefill_ctx_tokens=p_ctx, running=running, waiting=waiting, kv_used=kv_used, kv_total=s.kv_total,
+            max_running=s.max_running,
             policy_version=version, mixed_unavailable=s.mixed_unavailable, mixed_unavailable_reason=s.mixed_reason,
             group_size=s.group, gate_reasons=self._counts(seq) if seq % COUNTS_EVERY == 0 else _NO_COUNTS,
             pd_interval_available=s.pd_interval_available, finished=finished))

@@ -26,3 +26,9 @@ class Batch:
     @property
     def prefill_reqs(self) -> int:
         return len(self.chunk_lens)
+
+    @property
+    def prefill_ctx_tokens(self) -> int:
+        """The keys the chunks' tokens attend to, summed (``IterationReport.prefill_ctx_tokens``): a chunk of n
+        tokens from offset s, e·p + e(e + 1)/2 with e = n, p = s."""
+        return sum(n * s + n * (n + 1) // 2 for s, n in zip(self.chunk_starts, self.chunk_lens, strict=True))

@@ -61,9 +61,10 @@ class LinearCostModel:
 class IterationCostModel:
     """Prices an iteration with the project's shared cost model (:class:`ebctl.costmodel.IterationCosts`):
     per kind, intercept + coefficients · (prefill tokens, prefill requests, decode requests, decode context
-    tokens, switched). A calibrated profile carries it (``ebctl.calibrate``). A kind the profile lacks:
-    a mixed iteration is priced as its prefill part plus its decode part, less the smaller intercept (one
-    iteration pays the fixed cost once); a missing prefill or decode cost is an error when built."""
+    tokens, switched, prefill context tokens). A calibrated profile carries it (``ebctl.calibrate``). A kind
+    the profile lacks: a mixed iteration is priced as its prefill part plus its decode part, less the smaller
+    intercept (one iteration pays the fixed cost once); a missing prefill or decode cost is an error when
+    built."""
 
     costs: IterationCosts
     name: str = "iteration-costs"
@@ -80,14 +81,15 @@ class IterationCostModel:
         c = self.costs
         sw = float(batch.switched)
         ctx = float(batch.decode_ctx.sum()) if n else 0.0
+        pctx = float(batch.prefill_ctx_tokens) if p else 0.0
         if p and n:
             if c.mixed is not None:
-                return c.mixed.predict(p, batch.prefill_reqs, n, ctx, sw)
+                return c.mixed.predict(p, batch.prefill_reqs, n, ctx, sw, pctx)
             pre, dec = c.prefill, c.decode
-            return (pre.predict(p, batch.prefill_reqs, 0, 0, sw) + dec.predict(0, 0, n, ctx, 0)
+            return (pre.predict(p, batch.prefill_reqs, 0, 0, sw, pctx) + dec.predict(0, 0, n, ctx, 0)
                     - min(pre.intercept_s, dec.intercept_s))
         if p:
-            return c.prefill.predict(p, batch.prefill_reqs, 0, 0, sw)
+            return c.prefill.predict(p, batch.prefill_reqs, 0, 0, sw, pctx)
         return c.decode.predict(0, 0, n, ctx, sw)
 
 

@@ -221,7 +221,8 @@ class Engine:
             engine_id=self.cfg.engine_id, seq=sum(self.steps.values()), wall_time=t, forward_s=dt, kind=kind,
             prefill_reqs=len(batch.chunk_lens), prefill_tokens=batch.prefill_tokens,
             decode_reqs=batch.decode_ctx.size, decode_ctx_tokens=int(batch.decode_ctx.sum()),
-            running=running, waiting=waiting, kv_used=kv_used, kv_total=self.total_blocks * self.page,
+            prefill_ctx_tokens=batch.prefill_ctx_tokens, running=running, waiting=waiting, kv_used=kv_used,
+            kv_total=self.total_blocks * self.page,
             max_running=self.cfg.max_running, pd_interval_available=self.cfg.rules == "sglang",
             policy_version=policy.version if policy is not None else -1, finished=tuple(finished))
 

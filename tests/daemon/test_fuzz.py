@@ -41,9 +41,9 @@ def test_the_quick_fuzz_run_meets_every_check(tmp):
 reports = st.builds(
     IterationReport, engine_id=st.text(max_size=300), instance=st.text(max_size=40), seq=U64,
     wall_time=st.floats(), forward_s=st.floats(), kind=st.sampled_from(list(BatchKind)),
-    prefill_reqs=U64, prefill_tokens=U64, decode_reqs=U64, decode_ctx_tokens=U64, running=U64, waiting=U64,
-    kv_used=U64, kv_total=U64, max_running=U64, policy_version=U64, mixed_unavailable=st.booleans(),
-    mixed_unavailable_reason=st.text(max_size=3000), group_size=U64,
+    prefill_reqs=U64, prefill_tokens=U64, decode_reqs=U64, decode_ctx_tokens=U64, prefill_ctx_tokens=U64,
+    running=U64, waiting=U64, kv_used=U64, kv_total=U64, max_running=U64, policy_version=U64,
+    mixed_unavailable=st.booleans(), mixed_unavailable_reason=st.text(max_size=3000), group_size=U64,
     gate_reasons=st.dictionaries(st.text(max_size=30), U64, max_size=8),
     finished=st.lists(st.builds(FinishedRequest, U64, U64, st.text(max_size=20), st.floats()), max_size=30).map(tuple))
 

@@ -63,8 +63,9 @@ def test_each_bound_refuses_its_report_and_counts_it(fast_cfg):
                          r(good, gate_reasons={"y" * 201: 1}), r(good, finished=(FinishedRequest(1, 1, "z" * 201),))],
         "bound:finished": [r(good, finished=(one,) * 11)],
         "bound:requests": [r(good, max_running=2**64 - 1), r(good, waiting=4097), r(good, group_size=1 << 17)],
-        "bound:tokens": [r(good, kv_total=(1 << 30) + 1), r(good, finished=(FinishedRequest(1 << 31, 1),))],
-        "validation": [r(good, seq=2**63 - 1)],
+        "bound:tokens": [r(good, kv_total=(1 << 30) + 1), r(good, finished=(FinishedRequest(1 << 31, 1),)),
+                         r(good, prefill_tokens=2, prefill_ctx_tokens=(2 << 30) + 1)],  # 2 tokens, each ≤ 2^30 keys
+        "validation": [r(good, seq=2**63 - 1), r(good, prefill_ctx_tokens=-1)],
     }
     for frames in refused.values():
         for rep in frames:
@@ -74,9 +75,10 @@ def test_each_bound_refuses_its_report_and_counts_it(fast_cfg):
     assert c.received == 0 and not core.engines and not core.dispatch.forwards  # refused: no state at all
     # at the bounds themselves: accepted
     for seq, rep in enumerate((r(good, mixed_unavailable_reason="x" * 200), r(good, finished=(one,) * 10),
-                               r(good, max_running=4096, kv_total=1 << 30))):
+                               r(good, max_running=4096, kv_total=1 << 30),
+                               r(good, prefill_tokens=2, prefill_ctx_tokens=2 << 30))):
         core.ingest(encode(r(rep, seq=seq)), 1.0, 1.0)
-    assert c.received == 3 and c.frames == 3 + sum(map(len, refused.values()))
+    assert c.received == 4 and c.frames == 4 + sum(map(len, refused.values()))
 
 
 def test_replayed_and_out_of_order_reports_are_counted_not_ingested(fast_cfg):

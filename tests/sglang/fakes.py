@@ -34,11 +34,14 @@ def req(rid="r", n_in=10, n_out=5, done=False, reason="FINISH_LENGTH"):
                            finished_reason=fr, finished_output=done, time_stats=ts)
 
 
-def batch(reqs=(), mode="DECODE", decoding=None, ext=0, lens=None, forward_iter=1, lens_sum=None):
-    """``lens_sum``: sglang's ``seq_lens_sum`` (None: not computed, the plugin sums ``seq_lens_cpu``)."""
+def batch(reqs=(), mode="DECODE", decoding=None, ext=0, lens=None, forward_iter=1, lens_sum=None, extend_lens=None,
+          prefix_lens=None):
+    """``lens_sum``: sglang's ``seq_lens_sum`` (None: not computed, the plugin sums ``seq_lens_cpu``);
+    ``extend_lens``, ``prefix_lens``: per row, as ``prepare_for_extend`` sets them (None on a decode batch)."""
     return SimpleNamespace(reqs=list(reqs), forward_mode=mode, decoding_reqs=decoding, extend_num_tokens=ext,
                            seq_lens_cpu=Lens(lens or [12] * len(reqs)), seq_lens_sum=lens_sum,
-                           forward_iter=forward_iter, launch_ts=0.0, batch_is_full=False)
+                           forward_iter=forward_iter, launch_ts=0.0, batch_is_full=False, extend_lens=extend_lens,
+                           prefix_lens=prefix_lens)
 
 
 class Sched(SimpleNamespace):

@@ -255,7 +255,7 @@ def run_step(sched, b, plan_running):
 def test_reports_carry_the_batch_shape_and_each_completion_exactly_once(st):
     sched = Sched()
     r1, r2, hc = req("a", n_in=7), req("b", n_in=9), req("HEALTH_CHECK_1")
-    prefill = batch([r1, r2, hc], mode="EXTEND", ext=19)
+    prefill = batch([r1, r2, hc], mode="EXTEND", ext=19, extend_lens=[7, 9, 3], prefix_lens=[0, 0, 0])
     running = batch([])
     run_step(sched, prefill, running)
     r1.finished_output, r1.finished_reason = True, type("FINISH_MATCHED_TOKEN", (), {})()
@@ -269,11 +269,15 @@ def test_reports_carry_the_batch_shape_and_each_completion_exactly_once(st):
     hooks.abort_output(Original(None), sched, "abort", req("q", n_out=0))  # aborted in the queue
     hooks.abort_output(Original(None), sched, "abort", r1)  # already reported: not again
     r2.finished_output, r2.finished_reason, r2.finished_len = True, type("FINISH_ABORT", (), {})(), 3
-    mixed = batch([req("c"), r2], mode="MIXED", decoding=[r2], ext=11, lens=[10, 13])
+    # a chunk of 10 after 256 tokens of its prompt, then r2's decode row (mix_with_running appends it: 1 after 12)
+    mixed = batch([req("c"), r2], mode="MIXED", decoding=[r2], ext=11, lens=[10, 13], extend_lens=[10, 1],
+                  prefix_lens=[256, 12])
     run_step(sched, mixed, batch([]))
     sent = st.link.sent
     assert [r.kind for r in sent] == ["prefill", "decode", "decode", "mixed"]
     assert (sent[0].prefill_reqs, sent[0].prefill_tokens, sent[0].running) == (3, 19, 3)
+    assert sent[0].prefill_ctx_tokens == 7 * 8 // 2 + 9 * 10 // 2 + 3 * 4 // 2 == 79  # e(e + 1)/2 each, no prefix
+    assert sent[1].prefill_ctx_tokens == 0 and sent[3].prefill_ctx_tokens == 10 * 256 + 10 * 11 // 2 == 2615
     assert (sent[1].decode_reqs, sent[1].decode_ctx_tokens, sent[1].running) == (2, 19, 2)
     assert sent[2].decode_ctx_tokens == 30 and all(r.kv_used == 100 and r.kv_total == 1000 for r in sent)
     assert (sent[3].prefill_reqs, sent[3].prefill_tokens, sent[3].decode_reqs, sent[3].decode_ctx_tokens) == \

@@ -62,18 +62,18 @@ def fed(reports, **kw):
 
 def test_window_rejects_garbage_and_keeps_the_newest_in_order():
     w = IterationWindow(3)
-    for row, s in [((1, 0, 0, 0, 0), math.nan), ((1, 0, 0, 0, 0), 0.0), ((1, 0, 0, 0, 0), -1.0),
-                   ((math.inf, 0, 0, 0, 0), 1.0), ((-1, 0, 0, 0, 0), 1.0), ((1, 0, 0, 0, 0), math.inf)]:
+    for row, s in [((1, 0, 0, 0, 0, 0), math.nan), ((1, 0, 0, 0, 0, 0), 0.0), ((1, 0, 0, 0, 0, 0), -1.0),
+                   ((math.inf, 0, 0, 0, 0, 0), 1.0), ((-1, 0, 0, 0, 0, 0), 1.0), ((1, 0, 0, 0, 0, 0), math.inf)]:
         assert not w.add(row, s)
     assert len(w) == 0 and w.total == 0
     for i in range(5):
-        assert w.add((i, 0, 0, 0, 0), float(i + 1))
+        assert w.add((i, 0, 0, 0, 0, 0), float(i + 1))
     x, y = w.rows()
     assert list(x[:, 0]) == [2, 3, 4] and list(y) == [3.0, 4.0, 5.0] and w.total == 5
     w.resize(2)
     assert list(w.rows()[1]) == [4.0, 5.0] and w.total == 5
     w.resize(4)
-    w.add((9, 0, 0, 0, 0), 10.0)
+    w.add((9, 0, 0, 0, 0, 0), 10.0)
     assert list(w.rows()[1]) == [4.0, 5.0, 10.0]
     with pytest.raises(ValueError):
         IterationWindow(0)
@@ -239,7 +239,7 @@ def test_a_window_grows_on_demand_and_keeps_the_newest_rows_in_order():
     w = IterationWindow(200)
     assert w._y.size == IterationWindow.FIRST_ROWS and w.capacity == 200  # a few reports cost a few rows
     for i in range(1, 501):
-        assert w.add((float(i), 0.0, 0.0, 0.0, 0.0)[: len(FEATURES)], float(i))
+        assert w.add((float(i),) + (0.0,) * (len(FEATURES) - 1), float(i))
         if i in (64, 65, 129, 200):
             assert len(w) == i and list(w.rows()[1]) == [float(j) for j in range(1, i + 1)]
     assert w._y.size == 200 and list(w.rows()[1]) == [float(j) for j in range(301, 501)]

@@ -6,6 +6,7 @@ summing the model iteration by iteration (the cycle check of paper_costs); never
 
 import math
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -105,6 +106,36 @@ def test_fit_recovers_known_prefill_costs_with_per_request_overhead():
         assert getattr(f.cost, name) == pytest.approx(getattr(truth, name), rel=0.08), name
 
 
+def test_fit_recovers_the_attention_over_a_chunks_prefix():
+    """Prompts of 10-240 tokens in one chunk, and prompts of 257-1,024 split into chunks of 256: a chunk of e
+    tokens after p of prefix attends to e·p + e(e + 1)/2 keys (the last of three: 256·512 + 256·257/2 = 163,968).
+    At 1e-8 s a key that is 1.6 ms on a 6.2-ms iteration; a fit without the term misses those chunks."""
+    rng = np.random.default_rng(3)
+    truth = PhaseCost(intercept_s=3.4e-3, prefill_token_s=6.4e-6, prefill_req_s=1.2e-3, prefill_ctx_token_s=1e-8)
+    e, p = [], []
+    for _ in range(300):
+        e.append(int(rng.integers(10, 241)))
+        p.append(0)
+        long = int(rng.integers(257, 1025))
+        for start in range(0, long, 256):
+            e.append(min(256, long - start))
+            p.append(start)
+    e, p = np.array(e, dtype=float), np.array(p, dtype=float)
+    keys = e * p + e * (e + 1) / 2
+    last = (p == 512) & (e == 256)  # the last chunk of a prompt of 768 or more: 163,968 keys
+    assert last.sum() > 10 and set(keys[last]) == {163968.0}
+    x = rows(len(e), prefill_tokens=e, prefill_reqs=1.0, prefill_ctx_tokens=keys)
+    y = truth.predict_rows(x) * rng.lognormal(0.0, 0.02, len(e))
+    f = fit_phase(x, y, P)
+    assert f.quality.ok and "prefill_ctx_tokens" in f.features, f
+    assert f.cost.prefill_ctx_token_s == pytest.approx(1e-8, rel=0.1)
+    assert np.median(np.abs(f.cost.predict_rows(x[last]) / y[last] - 1)) < 0.04
+    x_blind = x.copy()
+    x_blind[:, COL["prefill_ctx_tokens"]] = 0.0  # the reports of an engine that does not say
+    blind = fit_phase(x_blind, y, P)
+    assert np.median(np.abs(blind.cost.predict_rows(x_blind[last]) / y[last] - 1)) > 0.08
+
+
 def test_flat_cost_passes_although_its_r2_is_near_zero():
     """The CPU case: iteration time hardly moves with the batch; R² ≈ 0, and the fit predicts it well."""
     rng = np.random.default_rng(2)
@@ -196,24 +227,27 @@ def test_too_few_iterations_are_not_fitted():
 
 def test_predictions_and_report_features_by_hand():
     c = PhaseCost(intercept_s=1.0, prefill_token_s=0.1, prefill_req_s=0.5, decode_req_s=0.01,
-                  decode_ctx_token_s=0.001, switched_s=2.0)
+                  decode_ctx_token_s=0.001, switched_s=2.0, prefill_ctx_token_s=1e-4)
+    # two prompt chunks: 10 tokens after 100 of prefix (10·100 + 10·11/2 = 1,055 keys), 20 new (20·21/2 = 210)
     r = IterationReport(engine_id="e", seq=0, wall_time=0.0, forward_s=1.0, kind=M, prefill_reqs=2,
-                        prefill_tokens=30, decode_reqs=4, decode_ctx_tokens=1000)
+                        prefill_tokens=30, decode_reqs=4, decode_ctx_tokens=1000, prefill_ctx_tokens=1265)
     x = report_features(r, True)
-    assert x == (30.0, 2.0, 4.0, 1000.0, 1.0)
-    want = 1.0 + 0.1 * 30 + 0.5 * 2 + 0.01 * 4 + 0.001 * 1000 + 2.0  # = 8.04
-    assert c.predict(**dict(zip(FEATURES, x, strict=True))) == pytest.approx(8.04) == want
-    assert c.predict_rows(np.array([x, x]))[1] == pytest.approx(8.04)
+    assert x == (30.0, 2.0, 4.0, 1000.0, 1.0, 1265.0)
+    want = 1.0 + 0.1 * 30 + 0.5 * 2 + 0.01 * 4 + 0.001 * 1000 + 2.0 + 1e-4 * 1265  # = 8.1665
+    assert c.predict(**dict(zip(FEATURES, x, strict=True))) == pytest.approx(8.1665) == want
+    assert c.predict_rows(np.array([x, x]))[1] == pytest.approx(8.1665)
     ic = IterationCosts(mixed=c)
     assert ic.predict(M, prefill_tokens=30) == pytest.approx(4.0) and math.isnan(ic.predict(D))
     assert np.isnan(ic.predict_rows(D, np.array([x]))).all()
 
 
 def test_shape_by_hand():
-    x = np.array([[100, 2, 0, 0, 1], [300, 2, 0, 0, 0], [0, 0, 4, 800, 0], [0, 0, 6, 1200, 1]], dtype=float)
+    x = np.array([[100, 2, 0, 0, 1, 5000], [300, 2, 0, 0, 0, 35000], [0, 0, 4, 800, 0, 0], [0, 0, 6, 1200, 1, 0]],
+                 dtype=float)
     s = shape(x)
-    assert s == Shape(tokens_per_prefill_req=100.0, ctx_per_decode_req=200.0, switched_frac=0.5)
-    assert math.isnan(shape(np.zeros((0, 5))).switched_frac) and math.isnan(shape(rows(2)).ctx_per_decode_req)
+    assert s == Shape(tokens_per_prefill_req=100.0, ctx_per_decode_req=200.0, switched_frac=0.5,
+                      ctx_per_prefill_token=100.0)  # 40,000 keys over 400 prompt tokens
+    assert math.isnan(shape(np.zeros((0, 6))).switched_frac) and math.isnan(shape(rows(2)).ctx_per_decode_req)
 
 
 # ---- paper_costs ---------------------------------------------------------------------------------------
@@ -232,6 +266,13 @@ def test_paper_costs_hand_worked():
     assert c.beta_d == pytest.approx(3e-5 + 1e-8 * 1000)  # 4e-5
     assert c.alpha_mb == pytest.approx(9e-3 + 1e-3 * 0.25)
     assert (c.c0, c.c1, c.c2) == pytest.approx((2.5e-5, 5e-5 - 2.5e-5, 0.0))
+    # the attention over a chunk's prefix enters β_p at the keys per prompt token seen (here 300), and m_p too
+    pre = msgspec.structs.replace(PRE, prefill_ctx_token_s=1e-8)
+    mix = msgspec.structs.replace(MIX, prefill_ctx_token_s=2e-8)
+    c = paper_costs(IterationCosts(prefill=pre, decode=DEC, mixed=mix), prefill=Shape(200.0, math.nan, 1.0, 300.0),
+                    decode=Shape(math.nan, 1000.0, 0.1), mixed=Shape(150.0, 700.0, 0.25, 50.0))
+    assert c.beta_p == pytest.approx(2e-5 + 4e-4 / 200 + 1e-8 * 300)  # 2.23e-5
+    assert c.c0 == pytest.approx(2.5e-5 + 2e-8 * 50)  # 2.6e-5
     # without a mixed fit the mixed cost is unknown (eb+ then stays in eb and says so)
     c = paper_costs(IterationCosts(prefill=PRE, decode=DEC), prefill=Shape(200.0), decode=Shape(ctx_per_decode_req=1e3))
     assert not c.has_mixed and c.alpha_d == 8e-3
