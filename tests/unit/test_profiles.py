@@ -121,3 +121,17 @@ def test_iteration_costs_predict_from_a_loaded_file(tmp_path):
     assert back.iteration_costs.predict(D, decode_reqs=10, decode_ctx_tokens=2000) == pytest.approx(
         4e-3 + 1e-3 + 2e-4)
     assert math.isnan(back.iteration_costs.predict(P, prefill_tokens=1))
+
+
+def test_the_prefix_attention_term_loads_and_a_profile_without_it_reads_as_zero(tmp_path):
+    """A prompt chunk of 100 tokens after 200 of prefix attends to 100·200 + 100·101/2 = 25,050 keys."""
+    pre = PhaseCost(intercept_s=2e-3, prefill_token_s=1e-5, prefill_ctx_token_s=4e-8)
+    prof = Profile(name="x", model="", gpu="", costs=Costs(2e-3, 1e-5, 4e-3, 1e-4),
+                   iteration_costs=IterationCosts(prefill=pre))
+    back = profiles.load(write(tmp_path, prof.to_json()))
+    assert back.iteration_costs.predict(P, prefill_tokens=100, prefill_ctx_tokens=25_050) == pytest.approx(
+        2e-3 + 1e-3 + 4e-8 * 25_050)
+    old = json.loads(prof.to_json())
+    del old["iteration_costs"]["prefill"]["prefill_ctx_token_s"]  # written before the term existed
+    back = profiles.load(write(tmp_path, json.dumps(old), name="old.json"))
+    assert back.iteration_costs.prefill.prefill_ctx_token_s == 0.0
