@@ -30,5 +30,5 @@ class Batch:
     @property
     def prefill_ctx_tokens(self) -> int:
         """The keys the chunks' tokens attend to, summed (``IterationReport.prefill_ctx_tokens``): a chunk of n
-        tokens from offset s, e·p + e(e + 1)/2 with e = n, p = s."""
+        tokens at offset s of its prompt attends to n·s + n(n + 1)/2."""
         return sum(n * s + n * (n + 1) // 2 for s, n in zip(self.chunk_starts, self.chunk_lens, strict=True))
