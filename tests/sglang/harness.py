@@ -266,9 +266,9 @@ def bench(venv: Path, url: str, out: Path, *, num_prompts: int, input_len: int =
 
 def warm_shapes(url: str, max_tokens: int, *, seed: int = 0) -> None:
     """Run one prefill of every row count 1..``max_tokens`` (one request each, a fresh random prompt of ids
-    10-499, within the tiny model's 512, one output token, one at a time). On this
-    project's Intel VM (AMX) the first forward of a row count costs more than later ones (kernels built for the
-    shape; torch's bf16 ``linear`` alone: ~1 ms the first time, 0.07 ms after): a prefill of a row count already
+    10-499, within the tiny model's 512, one output token, one at a time). On this project's Intel VM (AMX) the
+    first forward of a row count costs more than later ones (kernels built for the shape; torch's bf16 ``linear``
+    alone: ~1 ms the first time, 0.07 ms after): a prefill of a row count already
     run took 4.7 ms (median), a first one 8.3 ms, and in a 60-s calibration more than half the prefills were
     first ones (the prefill cost fit then failed its held-out test at 40%, with 30% and 63%; warmed, 10%). A
     prefill batch holds at most the chunk size (``--chunked-prefill-size``) of rows; decode batches (one row a
