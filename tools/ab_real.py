@@ -576,8 +576,10 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
     """The scheduler processes' threads (every ``sglang::schedul*`` among ``pids``), summed by thread name: CPU
     ticks and the cores each may run on (``Cpus_allowed_list``); for each main thread (the one that plans and runs
     batches) its context switches from /proc/PID/task/TID/status (proc(5)): voluntary when it waited (the GIL, a
-    lock, a socket), involuntary when the kernel ran something else on its core."""
-    main, threads = {"voluntary": 0, "involuntary": 0}, {}
+    lock, a socket), involuntary when the kernel ran something else on its core; and the page faults of the main
+    thread and of all the threads (/proc/PID/task/TID/stat fields 10 and 12, minor and major: a minor fault is a
+    page the kernel had to map, as when freed memory is given back and touched again)."""
+    main, threads = {"voluntary": 0, "involuntary": 0, "minflt": 0, "majflt": 0, "all_minflt": 0}, {}
     for pid in pids:
         try:
             if not (proc / str(pid) / "comm").read_text().startswith("sglang::sched"):
@@ -593,6 +595,7 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
                 continue
             comm, f = _stat(raw)
             ticks = int(f[11]) + int(f[12])
+            main["all_minflt"] += int(f[7])
             kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             name = "main" if tid == pid else comm
             t = threads.setdefault(name, {"cpu": 0, "n": 0, "cores": set()})
@@ -602,17 +605,21 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
             if tid == pid:
                 main["voluntary"] += int(kv.get("voluntary_ctxt_switches", 0))
                 main["involuntary"] += int(kv.get("nonvoluntary_ctxt_switches", 0))
+                main["minflt"] += int(f[7])
+                main["majflt"] += int(f[9])
     return {"main": main, "threads": threads}
 
 
 def thread_use(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
     """What the scheduler's threads did between two ``scheduler_threads`` readings ``seconds`` apart: the main
-    thread's context switches per second, and each thread name's CPU seconds and allowed cores."""
+    thread's context switches and page faults per second (and all the threads' minor faults), and each thread
+    name's CPU seconds and allowed cores."""
     tick = os.sysconf("SC_CLK_TCK")
     b, a = before["main"], after["main"]
     own = after["threads"].get("main", {}).get("cores", set())
     return {"main_voluntary_per_s": (a["voluntary"] - b["voluntary"]) / seconds,
             "main_involuntary_per_s": (a["involuntary"] - b["involuntary"]) / seconds,
+            **{f"{k}_per_s": (a.get(k, 0) - b.get(k, 0)) / seconds for k in ("minflt", "majflt", "all_minflt")},
             # started after pin() by the main thread, they inherited its core: they take turns with it there
             "on_main_core": sorted(k for k, t in after["threads"].items() if k != "main" and t["cores"] & own),
             "threads": {k: {"cpu_s": (t["cpu"] - before["threads"].get(k, {}).get("cpu", 0)) / tick, "n": t["n"],
@@ -751,7 +758,9 @@ def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
     if run.get("scheduler_threads"):
         u = run["scheduler_threads"]
         line += (f" | scheduler main thread {u['main_voluntary_per_s']:.0f} voluntary, "
-                 f"{u['main_involuntary_per_s']:.0f} involuntary switches/s")
+                 f"{u['main_involuntary_per_s']:.0f} involuntary switches/s, {u.get('minflt_per_s', 0):.0f} minor "
+                 f"and {u.get('majflt_per_s', 0):.0f} major page faults/s (all threads: "
+                 f"{u.get('all_minflt_per_s', 0):.0f} minor)")
         if u["on_main_core"] and run.get("pinned"):
             line += f"; on its core too: {', '.join(u['on_main_core'])}"
         line += "; threads' CPU s: " + ", ".join(f"{k} {t['cpu_s']:.1f}" for k, t in sorted(

@@ -246,10 +246,12 @@ def test_the_process_tree_and_its_cpu_by_name_from_proc(ab, tmp_path):
                                      "sglang::schedul": 93.0}
 
 
-def _task(root: Path, pid: int, tid: int, name: str, ticks: int, cores: str, vol: int, invol: int) -> None:
+def _task(root: Path, pid: int, tid: int, name: str, ticks: int, cores: str, vol: int, invol: int,
+          minflt: int = 0, majflt: int = 0) -> None:
     d = root / str(pid) / "task" / str(tid)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "stat").write_text(f"{tid} ({name}) S 1 {' '.join(['0'] * 9)} {ticks} 0 {' '.join(['0'] * 30)}\n")
+    # proc(5): fields 5-9, minflt (10), cminflt, majflt (12), cmajflt, then utime (14)
+    (d / "stat").write_text(f"{tid} ({name}) S 1 0 0 0 0 0 {minflt} 0 {majflt} 0 {ticks} 0 {' '.join(['0'] * 30)}\n")
     (d / "status").write_text(f"Name:\t{name}\nCpus_allowed_list:\t{cores}\nvoluntary_ctxt_switches:\t{vol}\n"
                               f"nonvoluntary_ctxt_switches:\t{invol}\n")
 
@@ -264,8 +266,9 @@ def test_the_schedulers_threads_switches_and_cores_from_proc(ab, tmp_path):
         for pid, comm in ((20, "sglang::schedul"), (7, "python")):
             (root / str(pid)).mkdir(parents=True)
             (root / str(pid) / "comm").write_text(comm + "\n")
-        _task(root, 20, 20, "sglang::schedul", (100 + 9 * t) * tick, "0", 1000 + 300 * t, 5 + 20 * t)
-        _task(root, 20, 21, "ebctl-link-dp0", (2 + t) * tick, "1", 0, 0)
+        _task(root, 20, 20, "sglang::schedul", (100 + 9 * t) * tick, "0", 1000 + 300 * t, 5 + 20 * t,
+              minflt=4000 + 500 * t, majflt=3 + t)
+        _task(root, 20, 21, "ebctl-link-dp0", (2 + t) * tick, "1", 0, 0, minflt=10 + 100 * t)
         _task(root, 20, 22, "ZMQbg/IO/0", 1 * tick, "1", 0, 0)
         if t:  # started after the pin by the main thread: its core
             _task(root, 20, 23, "ZMQbg/IO/0", 2 * tick, "0", 0, 0)
@@ -284,7 +287,10 @@ def test_the_schedulers_threads_switches_and_cores_from_proc(ab, tmp_path):
                                                          "tpot_p99", "completed", "failed", "in_flight_at_end",
                                                          "completed_in_drain", "unfinished")},
                               "client_cpu_s": 1, "client_wall_s": 10, "ready_s": 1}, 1)
-    assert "30 voluntary, 2 involuntary switches/s; on its core too: ZMQbg/IO/0" in line
+    # faults by hand: the main thread (4500 - 4000) / 10 = 50 minor and 0.1 major per s; all threads
+    # (500 + 100) / 10 = 60 minor per s
+    assert "30 voluntary, 2 involuntary switches/s, 50 minor and 0 major page faults/s (all threads: 60 minor); " \
+           "on its core too: ZMQbg/IO/0" in line
 
 
 def test_sglangs_decode_log_gives_the_step_time_at_each_running_count(ab):
