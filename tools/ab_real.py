@@ -65,7 +65,8 @@ last read's mode,
 k, n_max and, where the engine's status has them, ``gain`` and ``exploration`` are printed.
 Each run's line also says how the scheduler process ran under load (/proc): CPU seconds per process and per
 scheduler thread, the main thread's voluntary (it waited: the GIL, a lock) and involuntary (preempted) context
-switches per second, and any thread confined to the main thread's core. After the table, sglang's own decode log
+switches per second, its minor and major page faults per second (and all the scheduler's threads' minor faults),
+and any thread confined to the main thread's core. After the table, sglang's own decode log
 (a line every 40 decode steps: running requests and tokens/s) gives each configuration's time per decode step at
 the running counts all of them logged: at the same load, a difference there is the engine's speed, not the batch
 the policy formed (for an ``ebctl`` configuration it includes its learning period).
