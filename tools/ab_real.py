@@ -32,7 +32,8 @@ Configurations (``--configs``, comma-separated; each is a HEAD, optionally ``:IT
   ``PYTHONUNBUFFERED=1``, which ``ebctl start`` sets for sglang), or extra
   sglang flags starting with ``--`` (split like a shell line), or one of the shorthands ``mixed``, ``mfsd=K``,
   ``pdi=N``. E.g. ``'ebctl:controller.mode=off'``, ``'ebctl:mixed;controller.mode=eb'``,
-  ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given.
+  ``'alone:--schedule-policy lpm'``. The configuration's name is the text as given. ``alone,alone:AA=1`` (an
+  environment variable nothing reads) is an A/A check: how far two identical servers of one sitting differ.
 
 Configurations run INTERLEAVED: each round (``--runs``) runs each once. ``--order rotate`` (the default) starts
 round r at the r-th configuration (a Latin square over as many rounds as configurations): a configuration that
