@@ -287,8 +287,9 @@ def test_the_schedulers_threads_switches_and_cores_from_proc(ab, tmp_path):
                                                          "tpot_p99", "completed", "failed", "in_flight_at_end",
                                                          "completed_in_drain", "unfinished")},
                               "client_cpu_s": 1, "client_wall_s": 10, "ready_s": 1}, 1)
-    # faults by hand: the main thread (4500 - 4000) / 10 = 50 minor and 0.1 major per s; all threads
-    # (500 + 100) / 10 = 60 minor per s
+    # faults by hand: the main thread (4500 - 4000) / 10 = 50 minor and (4 - 3) / 10 = 0.1 major per s; all
+    # threads (500 + 100) / 10 = 60 minor per s
+    assert (u["minflt_per_s"], u["majflt_per_s"], u["all_minflt_per_s"]) == pytest.approx((50.0, 0.1, 60.0))
     assert "30 voluntary, 2 involuntary switches/s, 50 minor and 0 major page faults/s (all threads: 60 minor); " \
            "on its core too: ZMQbg/IO/0" in line
 
