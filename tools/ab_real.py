@@ -578,10 +578,10 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
     """The scheduler processes' threads (every ``sglang::schedul*`` among ``pids``), summed by thread name: CPU
     ticks and the cores each may run on (``Cpus_allowed_list``); for each main thread (the one that plans and runs
     batches) its context switches from /proc/PID/task/TID/status (proc(5)): voluntary when it waited (the GIL, a
-    lock, a socket), involuntary when the kernel ran something else on its core; and the page faults of the main
-    thread and of all the threads (/proc/PID/task/TID/stat fields 10 and 12, minor and major: a minor fault is a
-    page the kernel had to map, as when freed memory is given back and touched again)."""
-    main, threads = {"voluntary": 0, "involuntary": 0, "minflt": 0, "majflt": 0, "all_minflt": 0}, {}
+    lock, a socket), involuntary when the kernel ran something else on its core; and each thread name's page faults
+    (/proc/PID/task/TID/stat fields 10 and 12, minor and major: a minor fault is a page the kernel had to map, as
+    when freed memory is given back and touched again)."""
+    main, threads = {"voluntary": 0, "involuntary": 0}, {}
     for pid in pids:
         try:
             if not (proc / str(pid) / "comm").read_text().startswith("sglang::sched"):
@@ -597,18 +597,17 @@ def scheduler_threads(pids: list[int], proc: Path = Path("/proc")) -> dict[str, 
                 continue
             comm, f = _stat(raw)
             ticks = int(f[11]) + int(f[12])
-            main["all_minflt"] += int(f[7])
             kv = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             name = "main" if tid == pid else comm
-            t = threads.setdefault(name, {"cpu": 0, "n": 0, "cores": set()})
+            t = threads.setdefault(name, {"cpu": 0, "n": 0, "cores": set(), "minflt": 0, "majflt": 0})
             t["cpu"] += ticks
+            t["minflt"] += int(f[7])
+            t["majflt"] += int(f[9])
             t["n"] += 1
             t["cores"].add(kv.get("Cpus_allowed_list", "?").strip())
             if tid == pid:
                 main["voluntary"] += int(kv.get("voluntary_ctxt_switches", 0))
                 main["involuntary"] += int(kv.get("nonvoluntary_ctxt_switches", 0))
-                main["minflt"] += int(f[7])
-                main["majflt"] += int(f[9])
     return {"main": main, "threads": threads}
 
 
@@ -619,9 +618,15 @@ def thread_use(before: dict[str, Any], after: dict[str, Any], seconds: float) ->
     tick = os.sysconf("SC_CLK_TCK")
     b, a = before["main"], after["main"]
     own = after["threads"].get("main", {}).get("cores", set())
+
+    def faults(key: str, names: Any) -> float:
+        return sum(after["threads"][k][key] - before["threads"].get(k, {}).get(key, 0) for k in names) / seconds
+
+    main_only = [k for k in after["threads"] if k == "main"]
     return {"main_voluntary_per_s": (a["voluntary"] - b["voluntary"]) / seconds,
             "main_involuntary_per_s": (a["involuntary"] - b["involuntary"]) / seconds,
-            **{f"{k}_per_s": (a.get(k, 0) - b.get(k, 0)) / seconds for k in ("minflt", "majflt", "all_minflt")},
+            "minflt_per_s": faults("minflt", main_only), "majflt_per_s": faults("majflt", main_only),
+            "all_minflt_per_s": faults("minflt", after["threads"]),
             # started after pin() by the main thread, they inherited its core: they take turns with it there
             "on_main_core": sorted(k for k, t in after["threads"].items() if k != "main" and t["cores"] & own),
             "threads": {k: {"cpu_s": (t["cpu"] - before["threads"].get(k, {}).get("cpu", 0)) / tick, "n": t["n"],
