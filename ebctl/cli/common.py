@@ -52,8 +52,15 @@ class _Uncoerced:
         return self.build().coerce(value, param=param, ctx=ctx)
 
 
+def _no_flag_type(ctx: Any) -> None:
+    """A flag's type label in ``--help``: none (typer writes ``<bool>`` beside every flag, which takes no value)."""
+    return None
+
+
 def _coerce_lazily(params: list[Any]) -> None:
     for p in params:
+        if getattr(p, "is_flag", False) and hasattr(p, "display_type_rich"):
+            p.display_type_rich = _no_flag_type
         build = getattr(p, "get_runtime_param", None)
         if build is not None and hasattr(p, "type_descriptor") and "get_runtime_param" not in vars(p):
             p.get_runtime_param = lambda build=build: _Uncoerced(build)
@@ -65,11 +72,20 @@ class _LazyCoercion:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _coerce_lazily(self.params)  # type: ignore[attr-defined]
+        if self.help:  # type: ignore[has-type]
+            self.help = unwrapped(self.help)  # type: ignore[has-type]
 
     def get_help_option(self, ctx: typer.Context) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
         _coerce_lazily([option])
         return option
+
+
+def unwrapped(doc: str) -> str:
+    """A docstring as help text: its paragraphs kept, the line breaks inside each joined (typer's rich mode
+    prints them as they are, so sentences broke where the source wrapped)."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 class Group(_LazyCoercion, typer.core.TyperGroup):
@@ -95,8 +111,10 @@ class App(typer.Typer):
             return super().__call__(*args, **kwargs)
 
 
+# A command's summary in the command list is its docstring's first paragraph, line breaks kept (typer's rich
+# mode): each command's docstring opens with a one-line paragraph (tests/unit/test_cli_parsing.py checks).
 app = App(name="ebctl", cls=Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Online controller for exclusive vs mixed batching in SGLang.")
+          help="Online controller for exclusive vs mixed batching in SGLang.")
 tune_app = typer.Typer(cls=Group, no_args_is_help=True,
                        help="Change the running daemon's settings or export its costs.")
 config_app = typer.Typer(cls=Group, no_args_is_help=True, help="Show the effective configuration or check a file.")

@@ -45,9 +45,13 @@ def status(
         "--nodes", help="with --daemon/--fleet: a row per node (the view does so by itself above 40 engines)")
     ] = False,
 ) -> None:
-    """Per engine: mode, k, N, the policy's age, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, μ̂_L, μ̂_O, the costs and cost
-    fits in use, the gate's decisions and why; the daemon in two lines (every counter with --all). With
-    --daemon or --fleet: the fleet, a row per engine grouped by node and server (exit 1 if none answers)."""
+    """What each engine runs, what it buys against stock, and why.
+
+    Per engine: the policy (mode, k, N) and its age, the measured gain against stock with its 95% interval, the
+    estimates behind it (θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, μ̂_L, μ̂_O: --explain says what each is), the costs and
+    where they come from, the gate's decisions and why; the daemon in two lines (every counter with --all).
+    With --daemon or --fleet: the fleet, a row per engine grouped by node and server (exit 1 if none
+    answers)."""
     if daemons or fleet_file is not None:
         return _fleet_status(cfg, daemons or [], fleet_file, watch, interval, as_json, per_node or None,
                              set(engines or ()))
@@ -185,8 +189,10 @@ def calibrate(
 
 @command(app)
 def reload(cfg: Config) -> None:
-    """Re-read the daemon's config file; a broken file is refused (exit 2) and the running config stays.
-    With the daemon down under `ebctl start` (e.g. after it refused its file), start it again."""
+    """Re-read the daemon's config file (a broken one is refused and the running config stays).
+
+    A broken file exits 2. With the daemon down under `ebctl start` (e.g. after it refused its file), start it
+    again."""
     try:
         data = ask(cfg, "reload", refused=2)
     except ConnectionError:
@@ -235,9 +241,11 @@ def config_show(
         "--daemon", help="the running daemon's configuration (asked over the control socket), not this command's")
     ] = False,
 ) -> None:
-    """Print a configuration, every key with its doc and allowed values: by default the one this command
-    loads (the file, then --set), which is what `ebctl daemon` would start with; with --daemon, the one the
-    running daemon uses now (its file at start or last reload, its --set, and any `tune set`)."""
+    """Print a configuration, every key with its doc and allowed values.
+
+    By default the one this command loads (the file, then --set), which is what `ebctl daemon` would start with;
+    with --daemon, the one the running daemon uses now (its file at start or last reload, its --set, and any
+    `tune set`)."""
     cfg = g.load()
     origin = (f"# this command's configuration: {cfg.path or 'built-in defaults'}"
               f"{' + --set' if g.sets or g.runtime_dir or g.insecure else ''} (the running daemon's: "
@@ -269,8 +277,9 @@ def config_show(
 def config_check(g: Globals, file: Annotated[Path | None, typer.Argument(
         help="the TOML file to check (default: the one `ebctl daemon` would read: --config, EBCTL_CONFIG or "
         f"{config.DEFAULT_PATH})", show_default=False)] = None) -> None:
-    """Check a configuration (with any --set applied) as the daemon does before it starts: the keys, the
-    cost profile, the endpoints and keys, the socket paths. Prints "ok" (exit 0) or the error (exit 2)."""
+    """Check a configuration as the daemon does before it starts; "ok" (exit 0) or the error (exit 2).
+
+    With any --set applied: the keys, the cost profile, the endpoints and keys, the socket paths."""
     from ebctl import security
     from ebctl.daemon.control import preflight
 

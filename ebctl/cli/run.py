@@ -21,8 +21,9 @@ SGLANG_INSTALL_HINT = "sglang is not installed: pip install 'ebctl[sglang]'"
 
 @command(app)
 def daemon(cfg: Config, g: Globals) -> None:
-    """Run the daemon in the foreground (what systemd's ebctl.service runs); SIGHUP or `ebctl reload`
-    re-reads the config file, with the same --set overrides applied on top."""
+    """Run the daemon in the foreground (what systemd's ebctl.service runs).
+
+    SIGHUP or `ebctl reload` re-reads the config file, with the same --set overrides applied on top."""
     from ebctl import daemon as daemon_mod
 
     try:
@@ -53,6 +54,11 @@ def engine_command(engine: Engine, cfg_path: str, args: Sequence[str]) -> tuple[
         return [sys.executable, "-m", "sglang.launch_server", *args], {**env, "SGLANG_PLUGINS": "ebctl"}
     if importlib.util.find_spec("ebctl.sim.live") is None:
         fail("the simulated engine (ebctl.sim.live) is not part of this install", 1)
+    from ebctl.sim.live import args_error
+
+    if why := args_error(list(args)):  # refused before anything starts (sglang checks its own arguments)
+        fail(f"ebctl start: the simulated engine refuses its arguments: {why} (python -m ebctl.sim.live --help "
+             "lists them)", 2)
     return _sim_engine_cmd(cfg_path, args), env
 
 
@@ -84,7 +90,7 @@ def daemon_command(cfg: Config, g: Globals, restarts: int) -> list[str]:
     return cmd
 
 
-@command(app, context_settings={"ignore_unknown_options": True})
+@command(app)
 def start(
     cfg: Config,
     g: Globals,
@@ -101,9 +107,11 @@ def start(
         help="with --join: this server's name in its engine ids, <daemon.node>/<server>/dp<N> (letters, digits, "
         "'.', '_', '-'); default: port<P>, P the engine's --port (sglang's default 30000)")] = "",
 ) -> None:
-    """Start the daemon and an engine wired to it. A daemon that dies is restarted and the engine keeps
-    serving; the engine's exit stops the daemon (exit code 0 if the engine exited 0); Ctrl-C stops both.
-    One per runtime directory (another holding it: exit 2). With --join, several servers share one daemon."""
+    """Start the daemon and an engine wired to it; Ctrl-C stops both.
+
+    A daemon that dies is restarted and the engine keeps serving; the engine's exit stops the daemon (exit code
+    0 if the engine exited 0). One per runtime directory (another holding it: exit 2). With --join, several
+    servers share one daemon. Options of ebctl come before `--`, the engine's after it."""
     if server and not join:
         fail("ebctl start: --server names a server that joins a running daemon: add --join", 2)
     if join:

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -127,6 +128,7 @@ class Pacer:
         self.next_print = self.t0 + every_s
         self.engine: Engine | None = None
         self.stop = False
+        self.now = 0.0  # simulated time of the last step
         self.mark = (0.0, 0)  # simulated time and output tokens at the last line
         self.policies: list[str] = []
         self.tokens = 0  # output tokens after the last step
@@ -136,6 +138,7 @@ class Pacer:
         self.engine = engine
 
     def __call__(self, now: float, rep: IterationReport) -> None:
+        self.now = now
         if self.stop:
             raise Stop
         if self.engine is None:
@@ -163,8 +166,18 @@ class Pacer:
                 self.by_mode = {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ebctl.sim.live", description=__doc__)
+class _Refused(Exception):
+    """An argument the parser refuses (``args_error`` turns it into a message)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own prints the usage and exits 2
+        raise _Refused(message)
+
+
+def parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The engine's options (``python -m ebctl.sim.live --help``)."""
+    ap = cls(prog="python -m ebctl.sim.live", description=__doc__)
     ap.add_argument("--config", default=None, help="ebctl config file (endpoints, node)")
     ap.add_argument("--engine-id", default="sim0")
     ap.add_argument("--profile", default="qwen3-8b/rtx-pro-6000")
@@ -176,7 +189,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=100.0,
                     help="simulated seconds per wall second (slower where this machine cannot keep up)")
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def args_error(argv: list[str]) -> str:
+    """Why the engine would refuse ``argv`` ('' if it takes them): ``ebctl start`` asks before it starts
+    anything. ``--help`` is taken (the engine prints its help and exits)."""
+    if "-h" in argv or "--help" in argv:
+        return ""
+    try:
+        parser(_Parser).parse_args(argv)
+    except _Refused as e:
+        return str(e)
+    return ""
+
+
+def stopped_line(link_stats: dict[str, Any], now: float) -> str:
+    """The engine's last line after Ctrl-C or SIGTERM: where it stopped and what its link did, in words."""
+    n, dropped, pols = (link_stats.get(k, 0) for k in ("sent", "dropped", "policies_received"))
+    return (f"[sim] stopped at t={now:,.0f} s (simulated): {n:,} reports sent to the daemon, {dropped:,} dropped, "
+            f"{pols:,} policies received.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     try:
         cfg = config_mod.load(a.config)
         prof = profiles.load(a.profile)
@@ -207,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             res = runner.run(wl, source, costs.build(prof), econf, concurrency=concurrency, on_step=pacer,
                              on_start=pacer.attach)
         except Stop:
-            print(f"[sim] stopped; link: {link.stats()}", flush=True)
+            print(stopped_line(link.stats(), pacer.now), flush=True)
             return 0
     print(f"[sim] done: {res['req_per_s']:.2f} req/s, {res['tok_per_s']:.0f} tok/s (simulated)", flush=True)
     return 0
