@@ -72,9 +72,8 @@ class ControllerParams:
     min_eta_t: float = 2.0  # Eq. 5 only when η̂ is this many standard errors above 0 (else CFR θ0)
     delta: float = 0.0  # Eq. 8 bias, s/token: > 0 favours MB (latency), < 0 favours EB (throughput)
     mode_hysteresis: float = 0.05  # switch only when Eq. 8 clears its bound by this share of β_EB^w, and by
-    # 2 standard errors of its margin (the controller's MODE_Z). At W = 500 and N = 1,024 the margin's sd was
-    # ≤ 1.8% of β_EB^w on the shipped traces (profile costs; docs/results/learn_table.md, "Shifts"). 10% was
-    # sized to an N_obs that swung with EB's cycles, and held a simulated H200 in mb at c = 512, 3% slower
+    # 2 standard errors of its margin (the controller's MODE_Z): the share is sized above the margin's noise
+    # (docs/results/learn_table.md, "Shifts"), and a wider one can hold an engine in the slower mode
     mode_cooldown: int = 3  # updates between two mode switches
     n_obs_alpha: float = 0.05  # EMA weight of N_obs (running + waiting, up to the engine's limit)
     kv_s: float = 0.5  # Eq. 23 s_KV

@@ -58,21 +58,17 @@ class Steering:
         """Hand the tuner its prior (the closed forms, Eq. 8's mode) and the request mix, and restart its search
         when the workload moved: the window's geometric mean input length changed by more than a factor
         e^``tune_drift`` since the search last started, or its output length by e^(2·``tune_drift``). Geometric
-        means, because the arithmetic mean of a heavy-tailed trace's window wanders by ±30% (Azure conversations,
-        W = 500). The outputs' bar is twice the inputs': which requests finish within a window depends on the
-        policy (EB's long cycles hold the long ones back), and on that trace the log-mean output moved by up to
-        ±0.42 when the tuner switched between stock and EB(0.8), the input's by < 0.1. Compared once the window is
-        full and the engine has turned its batch over twice: until then the requests that finished first,
-        the short ones, weigh too much. The tuner starts no trial before then either (a server that has just
-        started measures its start, not its steady state); with latency targets it waits for the two turnovers
-        only, which carry the first burst's queue: the filling window moves the mean lengths a window's rate is
-        weighed with by a few percent, where the arms' goodputs differ by tens of times that, and on the real CPU
-        server (16 slots, 13 completions/s) filling a window of 500 took 38 of the 75 s that stock, missing the
-        targets for 86-96% of its output tokens, ran before its first trial. The batch is the engine's N; with
-        latency targets, what the engine held (N_obs, running + waiting up to N), if less: with targets the
-        search runs below saturation too, and 256 clients on 1,024 slots turn their batch over in 256
-        completions, not 1,024 (simulated RTX PRO 6000, azure-conv: the first trial came after 2,448
-        completions, 324 s of a 1,740-s run)."""
+        means, because the arithmetic mean of a heavy-tailed trace's window wanders widely. The outputs' bar is
+        twice the inputs': which requests finish within a window depends on the policy (EB's long cycles hold
+        the long ones back), so a switch of arm alone moves the outputs' mean. Compared once the window is full
+        and the engine has turned its batch over twice: until then the requests that finished first, the short
+        ones, weigh too much. The tuner starts no trial before then either (a server that has just started
+        measures its start, not its steady state); with latency targets it waits for the two turnovers only,
+        which carry the first burst's queue: the filling window moves the mean lengths a window's rate is weighed
+        with far less than the arms' goodputs differ, and on a slow server filling it would leave an incumbent
+        that misses the targets running for long. The batch is the engine's N; with latency targets, what the
+        engine held (N_obs, running + waiting up to N), if less: with targets the search runs below saturation
+        too, and c clients on N > c slots turn their batch over in c completions, not N."""
         p = v.params
         batch = v.n_limit
         targets = p.targets.set
@@ -110,32 +106,23 @@ class Steering:
         and only once the engine's timings are being learned at all (the other fits passed). During a tuner
         trial only for a fit that has not passed, once per trial (the trial pauses, ``Tuner.interrupt``, and
         drops windows: a fit that keeps failing would otherwise keep a trial from ever closing one; a stale fit
-        waits for the trial's end): trials can outlast the load on a slow server (a CPU server's windows of 400
-        completions take 17 s each), and a fit that never passed keeps the closed forms on the default costs.
-        The stock engine (the tuner's first arm) may need either: a server launched with mixed chunks mixes
-        every prefill into the decode batch and runs few prefill-only iterations. A probe starts only while
-        the engine is saturated (requests waited in ≥ 90% of the recent iterations, ``SATURATED_SHARE``): below
-        saturation the mode does not change throughput, and a probe would only cost latency (an mb probe at
-        c = 128 on 1,024 slots raised the simulated TTFT p99 by 40%). No mb probe while the decode fit's
-        intercept is not identified (``OnlineCosts.intercept_identified``): Eq. 8 stays on the profile's costs
-        then, whatever the mixed fit says, and on simulated RTX PRO 6000 (dist-shift phase 1, N ≈ 460, α_d
-        1e-6 s of a 0.1 s step) three such probes cost eb+ 1% of the phase's throughput for nothing. Nor before
-        the measured search's first trial: from stock that trial is mb's (``Tuner.neighbours``), which measures
-        the mixed batches a probe would, and a probe drops the incumbent's next two whole windows
-        (``Tuner.interrupt``); on the simulated CPU server (``tools/sim_cold.py``) the probe at 13 s put off the
-        first trial from about 40 s to 93 s. With latency targets and the measured search, no probe at all; not eb:
-        the fit it would feed only sets EB's entry θ, which the search then moves on measured goodput, and an EB
-        challenger's refills feed it anyway, while each EB refill of the probe stalls every running request's
-        decoding. Before the first trial the windows a probe drops stay whole (``Tuner._full``) and the
-        incumbent that runs through them is the one not yet checked against the targets: on the real CPU server
-        launched with mixed chunks (stock met TTFT ≤ 1 s and TPOT ≤ 15 ms for 4-6% of its output tokens) the
-        default's first trial came at 55-60 s; in the simulated ``cpu-mixed`` case with those targets the probe at
-        6 s and the two stock windows of 400 completions after it put it at 61 s (16 s without them). After it,
-        on the same server (TTFT ≤ 1 s, TPOT ≤ 10 ms), the one probe that followed the win of ``pdi@8`` cost its
-        30-s bin 2-8% of the goodput in three runs of four (0980bb8). Nor an mb probe: the mixed fit only sets
-        whether Eq. 8 has the search try mb first, and in a trial the probe pauses it and drops its windows; on that
-        server, with the first trial begun at 7 s, the mixed fit had not passed yet and an mb probe interrupted
-        the trial of ``pdi@8`` at 10 s (359f633)."""
+        waits for the trial's end): trials can outlast the load on a slow server, and a fit that never passed
+        keeps the closed forms on the default costs. The stock engine (the tuner's first arm) may need either: a
+        server launched with mixed chunks mixes every prefill into the decode batch and runs few prefill-only
+        iterations. A probe starts only while the engine is saturated (``SATURATED_SHARE`` of the recent
+        iterations had requests waiting): below saturation the mode does not change throughput, and a probe
+        would only cost latency. No mb probe while the decode fit's intercept is not identified
+        (``OnlineCosts.intercept_identified``): Eq. 8 stays on the profile's costs then, whatever the mixed fit
+        says, so the probe would buy nothing. Nor before the measured search's first trial: from stock that trial
+        is mb's (``Tuner.neighbours``), which measures the mixed batches a probe would, and a probe drops the
+        incumbent's next two whole windows (``Tuner.interrupt``), putting the first trial off.
+
+        With latency targets and the measured search, no probe at all. Not eb: the fit it would feed only sets
+        EB's entry θ, which the search then moves on measured goodput, and an EB challenger's refills feed it
+        anyway, while each EB refill of the probe stalls every running request's decoding; before the first
+        trial the windows a probe drops stay whole (``Tuner._full``), and the incumbent that runs through them is
+        the one not yet checked against the targets. Nor mb: the mixed fit only sets whether Eq. 8 has the search
+        try mb first, and in a trial the probe pauses it and drops its windows."""
         p = v.params
         if p.mode != "eb+" or not p.cost_online or (v.measured and p.targets.set):
             self.probe.stop(now)
@@ -160,10 +147,11 @@ class Steering:
 
     def arm(self, arm: str, v: View) -> tuple[Mode, float, int, int, float]:
         """(mode, θ, N, k, KV reserve) of a tuner arm: stock runs the engine's own rule at its limit, mb mixes at its
-        limit, pdi@N is stock with its prefill-decode interval (the policy's ``pd_interval``), EB(θ) takes N from
-        Eq. 6 at that θ, but at most 97% of the batch the engine's own admission was seen to stop at (``Tuner.reach``):
-        sglang reserves each running request's remaining output in its admission, so it can stop below Eq. 6's N, and
-        the gate, which ends a refill only at N or at the KV reserve, would then never end it (EB would run as
+        limit, pdi@N is stock with its prefill-decode interval (the policy's ``pd_interval``), EB(θ) takes N from Eq. 6
+        at that θ, but at most ``REACH_SHARE`` of the batch the engine's own admission was seen to stop at
+        (``Tuner.reach``): sglang reserves each running request's remaining output in its admission, so it can stop
+        below Eq. 6's N, and the gate, which ends a refill only at N or at the KV reserve, would then never end it (EB
+        would run as
         stock). Frozen while a trial runs: the two arms it compares keep the numbers they started with."""
         if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
             self._arms.clear()
@@ -179,8 +167,8 @@ class Steering:
             n = eq6(p, limit, v.kv_total, theta, fit.p0, fit.mu_l, v.vbar)
             reach = self.tuner.reach
             # A batch the engine cannot hold never fills: the refill would never end. An engine that fills its
-            # limit (the EMA sits a little below it: requests finish between its prefills) needs no cap: at
-            # 16 slots 97% of the reach was 15, and EB(k = 1) ran as stock with a slot fewer.
+            # limit (the EMA sits a little below it: requests finish between its prefills) needs no cap: on a
+            # small engine it would cost a slot (floor(REACH_SHARE · reach) falls one below the limit).
             if math.isfinite(reach) and reach < REACH_FULL * limit:
                 n = min(n, max(math.floor(REACH_SHARE * reach), math.ceil(p.n_floor_frac * limit), 1))
             n, _ = pinned(p, limit, n, 1)

@@ -10,16 +10,14 @@ request mix the controller sees (mean prompt μ_L, mean output μ_O):
 with τ_p and τ_d the wall seconds per prefill and per decode token the window measured. A mixed iteration
 charges its decode rows what a decode row cost in the window's decode-only iterations (at most the iteration's
 time) and its prefill tokens the rest: what a prefill costs when it rides on a decode step. Split by their
-numbers instead, a CPU server's mixed steps (a decode row there costs ~20 prefill tokens) charged the decode
-rows almost nothing, and EB(k = 2) measured −12% against mixed stock in a window where the engine's output rose
-13%. Only a window with no decode-only iteration splits by numbers. In a steady state this is the
+numbers instead, an engine whose decode row costs many prefill tokens (a CPU one) would charge the decode rows
+almost nothing. Only a window with no decode-only iteration splits by numbers. In a steady state this is the
 engine's total token throughput; unlike tokens over time it does not move when a window holds more or less
 prefill than the steady mix (a burst of admissions after a switch, a cohort of young requests that finishes
-late): in the simulator stock's windows of 200 completions vary by 0.3-1.5% this way (400: 0.1-0.6%), against
-2-5% for processed tokens over time, and counting finished requests' tokens (heavy-tailed lengths) is noisier
-still.
-A window counts only when saturated: requests waited on ≥ 90% of its time and, under EB, more than N were in
-the engine (the gate's own deferral is not load).
+late), so it is several times less noisy than processed tokens over time, and counting finished requests'
+tokens (heavy-tailed lengths) is noisier still.
+A window counts only when saturated: requests waited on at least ``SATURATED_SHARE`` of its time and, under EB,
+more than N were in the engine (the gate's own deferral is not load).
 
 With latency targets set (``ebctl.slo``), a window's worth is its **value**, rate × the share of the output tokens
 of its judged requests that met every target (its attainment): the ratio of two values is the ratio of the two
@@ -36,14 +34,9 @@ scaled inverse-χ² prior worth ``PRIOR_PAIRS`` pairs), so two pairs do not make
 It also loses where it is futile (stochastic curtailment under the current trend): were mean(d) and the shrunk
 sd to hold, the interval of ``max_pairs`` pairs, t·sd/√max_pairs with the degrees of freedom those pairs would
 have, would still reach 0, and the remaining pairs would not make it win. After one pair the sd is the prior's
-alone, and the rule is a cut at t(max_pairs + 1 df)/√max_pairs ≈ 1.09 prior sd (max_pairs = 5). On the CPU
-server a trial's pairs spread by an sd of about 2% (0.6-8%), and a challenger level with stock read +1.4%
-after five pairs (270 s of an 8-minute run) and lost at ``max_pairs``; this rule ends that trial after its
-second pair. What it gives up, with pairs of sd 2% and a prior sd of 2% (this verdict alone, 3,000 trials
-each, five pairs at most): a challenger level with the incumbent runs 1.2 pairs instead of 2.3; one 3% ahead
-wins 53% of its trials instead of 82%, one 6% ahead 97% instead of 100%. Where a pair's noise is as large as
-the gain the default stays where it is. In the simulator (a pair's sd under 1%) it ends only trials whose
-first pairs read under about +1%.
+alone, and the rule is a cut at t(max_pairs + 1 df)/√max_pairs ≈ 1.09 prior sd (max_pairs = 5). It halves
+what a challenger level with the incumbent costs, at the price of some wins of small gains where a pair's
+noise is as large as the gain: there the default stays where it is (docs/controller.md).
 
 Pure: numbers in, numbers out.
 """

@@ -37,30 +37,27 @@ admission state takes longer (sglang's new_token_ratio, decayed to its floor und
 than it can keep until a retraction backs it off). The iterations between a switch and the new arm's first
 cycle belong to neither arm.
 
-**Ledger**: exploring costs throughput, and on a slow server (the CPU server's windows take 10-27 s) a trial runs
-for minutes. Every window a challenger runs, and every settling window, costs its seconds × (1 − its rate / the
-incumbent's reference rate); the reference is the geometric mean of the incumbent's last ``REF_WINDOWS`` steady
-windows, not its last one. Two sums: ``explore_net_s``, the estimate ``ebctl status`` shows, counts the windows that
-ran ahead as negative costs (each at most its own seconds), so that noise cancels; ``explore_s``, the bound the
-budget holds, counts the slower windows only, so that it cannot be paid for by a lucky window: on the CPU server
-stock's 10-s windows ran from −15% to +15% around their mean, and a challenger as fast as the incumbent adds about
-0.4 sd of that noise per window to it (3.6-8.2% of the run on the real server, where the net figure is the one to
-read). A trial starts only while the bound is under ``explore_budget`` of the time since the first report
-(``budget_left``): the share given up stays within the budget plus one trial. With latency targets, from an
+**Ledger**: exploring costs throughput, and on a slow server a trial runs for minutes. Every window a challenger runs,
+and every settling window, costs its seconds × (1 − its rate / the incumbent's reference rate); the reference is the
+geometric mean of the incumbent's last ``REF_WINDOWS`` steady windows, not its last one. Two sums: ``explore_net_s``,
+the estimate ``ebctl status`` shows, counts the windows that ran ahead as negative costs (each at most its own seconds),
+so that noise cancels; ``explore_s``, the bound the budget holds, counts the slower windows only, so that it cannot be
+paid for by a lucky window (a challenger as fast as the incumbent still adds window-to-window noise to it: the net
+figure is the one to read). A trial starts only while the bound is under ``explore_budget`` of the time since the first
+report (``budget_left``): the share given up stays within the budget plus one trial. With latency targets, from an
 incumbent that meets them for at least half its tokens, only once the budget left covers a trial's expected cost
-(``trial_cost``): there a losing challenger's queue outlives its trial. One window clearly off the incumbent's
-reference (``early_stop_bar``) decides a trial at once: a slower challenger loses, even in its settling window
-(looked at every ``window_s``, ``_peek``; in the first settling window only beyond
-``EARLY_STOP_SETTLING``, what a switch leaves behind); a faster one runs one more window and wins if the two
-windows' mean clears the bar for two (``_closed``), else the two are the pair's B. A faster challenger other than
-stock whose requests' TTFT p99 exceeds stock's by more than ``ttft_slack``, or whose TPOT p99 exceeds it by more than
-``tpot_slack``, loses (``_win``): throughput does not see what EB's refills cost latency (without latency targets
-only). The incumbent's gain against stock (``gain``), what
+(``trial_cost``): there a losing challenger's queue outlives its trial. One window clearly off the incumbent's reference
+(``early_stop_bar``) decides a trial at once: a slower challenger loses, even in its settling window (looked at every
+``window_s``, ``_peek``; in the first settling window only beyond ``EARLY_STOP_SETTLING``, what a switch leaves behind);
+a faster one runs one more window and wins if the two windows' mean clears the bar for two (``_closed``), else the two
+are the pair's B. A faster challenger other than stock whose requests' TTFT p99 exceeds stock's by more than
+``ttft_slack``, or whose TPOT p99 exceeds it by more than ``tpot_slack``, loses (``_win``): throughput does not see what
+EB's refills cost latency (without latency targets only). The incumbent's gain against stock (``gain``), what
 ``ebctl status`` shows as "is it helping": its windows since it won against stock's last ones, or, until it has run
 three, the figure carried along the trials that led to it.
 
-**Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is
-dropped, the search starts again from the incumbent with its largest step.
+**Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is dropped, the
+search starts again from the incumbent with its largest step.
 
 Pure: reports and policy versions in, the arm to run out; no clock (time comes in the reports), no I/O.
 """
@@ -84,16 +81,14 @@ PROBE = "probe"  # what policy versions of an eb+ probe are bound to: no arm's, 
 QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
-# sd of a pair's ln-ratio before a trial measured one (windows of 400 vary by 0.1-0.6% in the simulator: a pair's
-# B − mean of two A by 0.1-0.7%)
+# sd of a pair's ln-ratio before a trial measured one (a prior, of the order of a simulated pair's spread)
 PRIOR_SD = 0.01
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
 # Windows dropped after a switch. The engine's own admission (stock, mb) carries state across a switch: under
 # EB no decode ran out of KV, so sglang's new_token_ratio has decayed to its floor, and stock then admits more
-# than it can keep until a retraction backs the ratio off. In the simulator (RTX PRO 6000, azure-conv), stock's
-# windows after EB measured +2.7% and +1.0% above its steady rate, then within 0.3%; EB's first window after
-# stock measured −0.8%, the next ones steady.
+# than it can keep until a retraction backs the ratio off: stock runs fast for about two windows. EB's batch
+# settles within one.
 SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
@@ -101,16 +96,15 @@ MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's
 # A challenger window (its settling windows included) this far below the incumbent's reference (the mean of its
 # last steady windows), in ln-rate, ends the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_Z sd of the
 # difference, σ·√(1 + 1/n) for n reference windows of sd σ. EARLY_STOP_Z = 3/√2 keeps the false-stop rate of a
-# 3-σ bar against one reference window (a difference of sd σ√2). On a slow server (the CPU server's windows take
-# 10-27 s) waiting for a whole pair doubles what a bad arm costs.
+# 3-σ bar against one reference window (a difference of sd σ√2). On a slow server waiting for a whole pair
+# doubles what a bad arm costs.
 EARLY_STOP_MIN, EARLY_STOP_Z = 0.03, 3.0 / math.sqrt(2.0)
-# A settling window carries what the switch left behind (2-9% off in the simulator; on the CPU server EB(k = 2)'s
-# measured -10.8% in one run and won by +21.9% in another): it ends a trial only this far below.
+# A settling window carries what the switch left behind, in either direction: it ends a trial only this far below.
 EARLY_STOP_SETTLING = 0.15
 REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
 MIN_TTFTS = 100  # TTFTs (TPOTs) of each side before the latency guard compares p99s (``excess``)
-MIN_REF = 3  # steady windows of the incumbent before a trial: its windows' sd sets the bars (on the CPU server
-# 10-s windows of stock ran from 3,010 to 3,990 tokens/s, and one low A0 made EB(k = 2) "win" by +20%)
+MIN_REF = 3  # steady windows of the incumbent before a trial: their sd sets the bars (one low reference window
+# alone would let a challenger "win")
 # With latency targets, an incumbent whose last steady window met them for less than this share of its output tokens
 # needs one steady window before a trial, not MIN_REF (``_refs_needed``); a window that judged none (NaN) needs MIN_REF
 MISSING = 0.5
@@ -219,20 +213,17 @@ class Tuner:
         """From each controller update: the closed-form θs (tried first from stock or mb), whether mb may run,
         whether Eq. 8 prefers it (then mb is tried first), the mean prompt and output lengths the windows'
         rates are weighed with, and the engine's N. A closed-form θ whose k would be below ``MIN_K`` enters at
-        the smallest grid θ that reaches it (on 16 slots Eq. 3's θ0 of 0.05-0.12 is k = 1: stock); one above
+        the smallest grid θ that reaches it (on 16 slots a θ0 under 0.125 is k = 1: stock); one above
         ``theta_entry`` enters there, and the search climbs from it on wins. Each refill of EB(k) admits k
         prompts at once and stalls decoding while they prefill, so a large k costs TTFT and TPOT before its
-        first window is measured: on the CPU server (prompts of 600 tokens, 16 slots) runs that tried the
-        closed form's k = 12 had TTFT p99 9-56% above sglang alone's, runs that tried k = 2-3 only, 2%. The
-        smallest k is tried first. ``allow_pdi``: the engine applies a policy's ``pd_interval`` (its reports
-        say so): with latency targets, the ``pdi@N`` arms may run."""
+        first window is measured: the smallest k is tried first. ``allow_pdi``: the engine applies a policy's
+        ``pd_interval`` (its reports say so): with latency targets, the ``pdi@N`` arms may run."""
         if steady and not self.steady and self.targets.set:
-            # With targets the windows before the start-up's end judged the first burst's latencies (c requests
-            # arriving at once): their goodput is not the incumbent's steady state, and one of them sets the bars.
-            # On simulated H200 (balanced, c = 256, TTFT ≤ 30 ms) the first window's was 183 tok/s against
-            # 11,000-16,000 after: a window sd of 1.8 in ln, a bar of 4.1, and an mb trial at 1/80 of stock's goodput
-            # ran on for a minute. The trials then wait for windows of the steady state (``_refs_needed``), and the
-            # window open now and the next ones judge only requests whose first token comes after this point.
+            # With targets the windows before the start-up's end judged the first burst's latencies (c requests arriving
+            # at once): their goodput is far off the incumbent's steady state, and one of them in the reference would
+            # widen the bars until a losing trial runs on. The trials then wait for windows of the steady state
+            # (``_refs_needed``), and the window open now and the next ones judge only requests whose first token comes
+            # after this point.
             self.ref_lns, self.ref_att, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], [], []
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
@@ -258,9 +249,7 @@ class Tuner:
         """With latency targets, what stock and mb try after the closed forms: EB an octave above the largest of
         them, then another, up to θ_max. The closed forms model throughput; where latency binds the best θ is set
         by the latency each refill costs, which none of them gives, and below it EB may not bind at all (with
-        fewer requests than N − k in the engine EB is the engine's own rule), a plateau from which no step gains.
-        On simulated RTX PRO 6000 (azure-conv, c = 256, TTFT ≤ 10 s and TPOT ≤ 100 ms) every θ up to 0.25 ran as
-        stock, with 4% of the requests within both, and θ = 0.75 got 48%."""
+        fewer requests than N − k in the engine EB is the engine's own rule), a plateau from which no step gains."""
         if not self.targets.set:
             return []
         low = self.entries[-1] if self.entries else self._lowest()
@@ -302,11 +291,7 @@ class Tuner:
         arm does (EB's refills stall every running request at once). From stock or mb, ``pdi@PD_FIRST`` comes
         first where the incumbent's requests missed TPOT more often than TTFT (``tpot_binds``), last otherwise;
         from pdi@N, N doubled and halved (below 1: stock), in the direction of the last win between intervals, else
-        doubled first only where TPOT binds (a longer interval holds prefills back longer: TTFT grows; on simulated
-        H200, azure-conv, c = 512, the paper's targets, pdi@8 won against stock, then met them for none of its
-        tokens, and pdi@16 tried first spent the budget: pdi@4, at 97%, never ran). On the real CPU server
-        (``--enable-mixed-chunk``, TTFT ≤ 1.5 s and TPOT ≤ 20 ms) sglang alone met both for 19% of its output tokens and
-        ``--prefill-decode-interval 8`` for 97%, ``--min-free-slots-delay 4`` (sglang's EB(4)) for 53%."""
+        doubled first only where TPOT binds (a longer interval holds prefills back longer: TTFT grows)."""
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
@@ -401,8 +386,8 @@ class Tuner:
         of the latest window of this run that opened at least ``window`` completions ago, else the run's start.
         Every window judges the requests that began at most about ``window`` completions before it, whether the
         window follows a switch (the settling windows hold them) or not, and whether windows close on their
-        completions or on their time (a window of 10 s at c = 2,048 held no request that began after the window
-        before it: RTX PRO 6000, balanced)."""
+        completions or on their time (at a high concurrency a time-bounded window may hold no request that began
+        after the window before it)."""
         bar, since = self._run_done - self.p.window, self._run_since
         keep = 0
         for i, (wall, done) in enumerate(self._starts):
@@ -414,10 +399,8 @@ class Tuner:
     def _peek(self, w: Window, now: float) -> None:
         """A challenger's settling window stays whole (``_full``), but one that holds a quarter of ``window`` is
         looked at every ``window_s`` seconds: clearly slower already, it ends the trial there, and a bad arm costs
-        10 s instead of a whole window (27 s on the CPU server). Not once only: with latency targets a challenger
-        that builds a queue misses them more the longer it runs (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms
-        and TPOT ≤ 22 ms: mb's settling window passed its look at 10 s and ran 36 s to 34% attainment; looked at
-        every 10 s it lost at 20 s, and the run's goodput rose from 79.9% to 87.8% of stock's)."""
+        ``window_s`` instead of a whole window. Not once only: with latency targets a challenger that builds a
+        queue misses them more the longer it runs."""
         last = self._peeked if self._peeked >= w.start else w.start
         if not (now - last >= self.p.window_s > 0 and w.completions >= self.p.window // MIN_WINDOW_SHARE):
             return
@@ -432,24 +415,17 @@ class Tuner:
 
     def _full(self, w: Window, now: float) -> bool:
         """A window closes at ``window`` completions, or, once settled, after ``window_s`` seconds if it holds a
-        quarter of them: on a slow server (the CPU server finishes ~15 requests/s) 400 completions take 27 s,
-        and a trial's pairs would run for minutes. Settling windows stay whole: what a switch leaves behind
-        washes out over the engine's iterations, not seconds (on simulated H200, stock's first windows after
-        EB(0.8) ran 9% fast when they were cut to 10 s).
+        quarter of them: on a slow server ``window`` completions take long, and a trial's pairs would run for
+        minutes. Settling windows stay whole: what a switch leaves behind washes out over the engine's
+        iterations, not seconds.
 
-        With latency targets, the incumbent's steady window between trials closes as soon as it holds a quarter
-        of them if its judged requests met the TPOT target for less than ``MISSING`` of their tokens by ``MISSING_Z``
-        standard errors (``clearly_missing``): the window meets the targets for less still, it is challenged after
-        it (``_refs_needed``), and each further second of it costs most of its goodput. On the real CPU server,
-        launched with ``--enable-mixed-chunk``, stock met TTFT ≤ 1 s and TPOT ≤ 10 ms for 20-46% of its tokens in
-        its first 15 s while ``pdi@8`` met them for all: the window's 10 s were 3-4% of a 4-minute run's goodput; a
-        quarter of 400 completions there takes 3 s. TPOT alone: a request's TPOT comes from the batches it ran in,
-        steady once the batch has turned over (the start-up's end, ``Steering.context``), where its TTFT holds its
-        wait in the queue, which grows until every request of a closed loop larger than the batch has passed
-        through it. On simulated H200 (azure-conv, c = 2,048 on 1,024 slots, TTFT ≤ 76.5 s) stock's window closed
-        early on TTFT at 132 s met the targets for almost none, and mb "won" at +9,259% against it; TPOT alone left
-        the 15,000-request cells' goodput at 0.999 of the rule without the early close (geometric mean over 20
-        cells and 4 seeds)."""
+        With latency targets, the incumbent's steady window between trials closes as soon as it holds a quarter of them
+        if its judged requests met the TPOT target for less than ``MISSING`` of their tokens by ``MISSING_Z`` standard
+        errors (``clearly_missing``): the window meets the targets for less still, it is challenged after it
+        (``_refs_needed``), and each further second of it costs most of its goodput. TPOT alone: a request's TPOT comes
+        from the batches it ran in, steady once the batch has turned over (the start-up's end, ``Steering.context``),
+        where its TTFT holds its wait in the queue, which grows until every request of a closed loop larger than the
+        batch has passed through it: an early close on TTFT would judge that start-up queue, not the arm."""
         if w.completions < self.p.window // MIN_WINDOW_SHARE:
             return False
         if w.completions >= self.p.window or (not self.settling and now - w.start >= self.p.window_s > 0):
@@ -509,8 +485,8 @@ class Tuner:
                 self.explore_run_s += w.seconds
             if math.isfinite(ln - ref) and self._counts(w):
                 self.explore_s -= w.seconds * min(math.expm1(ln - ref), 0.0)
-                # a window gains at most its own seconds: with latency targets a challenger can be worth 40× the
-                # incumbent (goodput), and the share shown would read "exploring gained 1,000% of the run"
+                # a window gains at most its own seconds: with latency targets a challenger's goodput can be many
+                # times the incumbent's, and the share shown would read as exploring gaining more than the run
                 self.explore_net_s -= w.seconds * min(math.expm1(ln - ref), 1.0)
         elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
@@ -589,10 +565,7 @@ class Tuner:
         """The challenger is faster: it wins, unless it is not stock and its TTFT p99 exceeds stock's by more
         than ``ttft_slack`` or its TPOT p99 exceeds stock's by more than ``tpot_slack`` (``excess``; without
         latency targets only: they replace it); then it loses. Throughput alone would not see what EB's refills
-        cost latency: on the CPU server (prompts of 600 tokens, 16 slots) EB(k = 6) ran as fast as sglang alone
-        with a TTFT p99 half as long again; launched with ``--enable-mixed-chunk`` (inputs 10-240 tokens) EB(k = 6)
-        ran 17% faster with a TPOT p99 24% longer, each refill stalling every decode. The next trial starts at
-        once while searching."""
+        cost latency: each refill stalls every running decode. The next trial starts at once while searching."""
         over = []
         if t.challenger != STOCK and not self.targets.set:
             over = [f"{what} p99 {x:+.0%} against stock's (at most {slack:+.0%})"
@@ -649,8 +622,7 @@ class Tuner:
     def _stop_bar(self) -> float:
         """The early-stop bar for the window closing now: wider for the first settling window after a switch,
         which carries what the switch left behind; the usual one from the second on (stock and mb settle for
-        two whole windows, 58 s each on simulated RTX PRO 6000 at c = 2,048, where mb at −10% ran for two minutes
-        before its first steady window stopped it)."""
+        two whole windows: a slower arm would otherwise run both before any bar stops it)."""
         first = self.settling == _settle(self.arm)
         wide = (self.settling and first) or self.thin
         return max(self.early_stop_bar, EARLY_STOP_SETTLING) if wide else self.early_stop_bar
@@ -677,15 +649,10 @@ class Tuner:
     def trial_cost(self) -> float:
         """Engine seconds a trial is expected to give up: the mean of the trials so far (the bound's sum over the
         trials started), never less than one window's seconds: a trial that won gave up nothing, which says nothing
-        of what a losing one costs (on the real CPU server, after ``pdi@8`` won against stock at no cost, trials of
-        ``pdi@4`` and ``pdi@16`` started at once and met the targets for 83-91% of their tokens against the
-        incumbent's 100%). With latency targets a trial starts from an incumbent that met them for at least
-        ``MISSING`` of its tokens (the mean over its last steady windows: on simulated RTX PRO 6000, azure-conv,
-        c = 512, one of stock's met them for 42% between windows at 74-84%) only once the budget left covers it: a
-        challenger that misses them leaves a queue behind that the incumbent drains for windows after the trial
-        (simulated H200, decode-heavy, c = 256, TTFT ≤ 7 ms and TPOT ≤ 22 ms: mb lost −59% in one window, and the
-        two windows back to stock met the targets for 23% and 72% of their tokens against stock's 82-87%; that one
-        trial gave up 51 s of a 267-s run). An incumbent that misses them for most tokens is challenged at once:
+        of what a losing one costs. With latency targets a trial starts from an incumbent that met them for at
+        least ``MISSING`` of its tokens (the mean over its last steady windows: a single window can dip) only once
+        the budget left covers it: a challenger that misses them leaves a queue behind that the incumbent drains
+        for windows after the trial. An incumbent that misses them for most tokens is challenged at once:
         each of its windows costs more than a trial."""
         n = self.counts["trials"]
         return max(self.explore_s / n if n else 0.0, self.p.window_s)
@@ -747,10 +714,9 @@ class Tuner:
     def _refs_needed(self) -> int:
         """Steady windows of the incumbent before a trial: MIN_REF, whose sd sets the bars; one, with latency targets,
         where the incumbent's last one met them for less than ``MISSING`` of its output tokens. Then a challenger
-        that meets them replaces it by a margin no window-to-window noise reaches (on the real CPU server stock met
-        TTFT ≤ 1 s and TPOT ≤ 15 ms for 4-14% of its tokens, ``pdi@8`` for 97-100%: +700% to +1,350% of goodput),
-        and one that misses them as often is worth about as little, whichever of the two the bars keep: each
-        further window of stock there costs its seconds × about 85% of the goodput."""
+        that meets them replaces it by a margin no window-to-window noise reaches, and one that misses them as
+        often is worth about as little, whichever of the two the bars keep: each further window of such an
+        incumbent costs most of its goodput."""
         if self.targets.set and self.attained.get(self.incumbent, 1.0) < MISSING:
             return 1
         return MIN_REF
@@ -822,8 +788,7 @@ class Tuner:
         """(ln ratio, variance) of the incumbent against stock. Once the incumbent has run ``MIN_REF`` steady
         windows since it won and stock's last ones are known: the mean of the one against the mean of the other,
         windows that decided nothing. A trial stops where the challenger's windows ran high, so the trials' own
-        figure (``_carry_gain``, used before) reads high: on the CPU server +26.6% where the client measured
-        +16.6%, in the noisy simulator +26.9% for mb's +12.6%."""
+        figure (``_carry_gain``, used before) reads high."""
         a, b = self.ref_lns, self.stock_lns
         if self.incumbent == STOCK or len(a) < MIN_REF or len(b) < MIN_REF:
             return self.gain_ln, self.gain_var
