@@ -89,12 +89,11 @@ def fit(samples: Samples) -> Calibration:
     """Fit every kind with :func:`ebctl.costmodel.fit_phase`, then scale each kind's coefficients so that its
     predicted total time equals the measured total over the same iterations.
 
-    fit_phase minimises *relative* error (what its judgement tests); on the right-skewed timings of a real
-    engine (an iteration now and then several times its median: the OS, the Python GC, other processes) that
-    fit sits near the typical iteration and below the mean, and a simulator adding up such iterations runs
-    fast (measured on the CPU server: the sum of the fitted periods was 0.6-0.8 of the measured sum). The
-    shape (which features, their ratios) is fit_phase's; the level is the mean's. A kind whose fit fails the
-    judgement is kept (the simulator needs a cost for every kind) and its verdict is in :meth:`summary`."""
+    fit_phase minimises *relative* error (what its judgement tests); on the right-skewed timings of a real engine (an
+    iteration now and then several times its median: the OS, the Python GC, other processes) that fit sits near the
+    typical iteration and below the mean, and a simulator adding up such iterations runs fast. The shape (which
+    features, their ratios) is fit_phase's; the level is the mean's. A kind whose fit fails the judgement is kept (the
+    simulator needs a cost for every kind) and its verdict is in :meth:`summary`."""
     fits, kept = {}, {}
     for kind in KINDS:
         f = fit_phase(samples.x[kind], samples.y[kind], kind)

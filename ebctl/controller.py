@@ -131,8 +131,8 @@ class Controller:
 
         A recompute refreshes one cost fit at most (the kind ``OnlineCosts.due`` names), in an update of its
         own just before it (which still re-issues for the tuner or a probe); the recompute follows at the next
-        update, i.e. the engine's next report. No update pays for both: ~1 ms and ~0.7 ms at 2,000 rows,
-        against a 2 ms budget (bench_core). ``at_once`` (an operator's ``tune`` or ``reload``, off the
+        update, i.e. the engine's next report. No update pays for both: together they would overrun the
+        per-report time budget (``tools/bench_core.py``). ``at_once`` (an operator's ``tune`` or ``reload``, off the
         per-report path): every fit due, then the recompute, in this call."""
         p = self.params
         due = len(self.seen.window) >= p.min_window and (self.since_update >= p.update_every or self._n_obs_moved())

@@ -35,10 +35,9 @@ from ebctl.costmodel import (
 from ebctl.protocol import BatchKind, IterationReport
 
 KINDS = (BatchKind.PREFILL, BatchKind.DECODE, BatchKind.MIXED)
-_REFIT_SHARE = 10  # refit a kind once 1/10 of its window is new: a 2,000-row fit costs ~1 ms, not every update
+_REFIT_SHARE = 10  # refit a kind once 1/10 of its window is new: a fit of a full window is too dear for every update
 # A decode intercept under this share of the mean decode step is not identified by the batch sizes seen (the
-# fit extrapolates far below them): Eq. 3's θ0 would be its artefact. On simulated H200 at N >= 256 the fit's
-# α_d came out 0 or 1e-5 s (0.03% of a 30 ms step) by turns, and θ moved between 0.37 and 0.8 with it.
+# fit extrapolates far below them): Eq. 3's θ0 would be its artefact, and θ would swing from one fit to the next.
 MIN_ALPHA_D_SHARE = 0.01
 
 
@@ -167,7 +166,7 @@ class OnlineCosts:
 
     def refit(self, *, force: bool = False) -> bool:
         """Refit the kind :meth:`due` names, if any: one kind per call, so that a controller update pays for one
-        fit at most (~1 ms at 2,000 rows). ``force``: every kind with rows. True when a kind was refitted."""
+        fit at most. ``force``: every kind with rows. True when a kind was refitted."""
         if force:
             kinds = [k for k, w in self.windows.items() if len(w)]
         else:

@@ -46,11 +46,11 @@ KIND_FEATURES: dict[BatchKind, tuple[str, ...]] = {
 MAX_REL_ERR = 0.20  # the project's one threshold for a usable cost fit
 MIN_SAMPLES = 20  # iterations a kind needs before it is fitted
 HOLDOUT_EVERY = 5  # every 5th iteration is held out to judge the fit
-_L1_ITERATIONS = 4  # reweighting passes of the final fits (more moved the error by < 1 point on real data)
+_L1_ITERATIONS = 4  # reweighting passes of the final fits (more barely move the error)
 _SIMPLER_WITHIN = 1.02  # drop a feature when the fit without it is at most 2% worse on held-out data
 # A fit must do no worse than the mean predictor. A cost flat in every feature is fitted by a constant, which
-# is the mean up to weighting, and the median error over a few hundred held-out iterations moves by ~10%
-# (relative) with the split alone: a fit within 10% of the mean's error counts as no worse.
+# is the mean up to weighting, and the median error over a few hundred held-out iterations moves with the split
+# alone: a fit within 10% of the mean's error counts as no worse.
 _NO_WORSE_THAN_MEAN = 1.10
 
 
@@ -178,8 +178,7 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
     """
     x = np.asarray(x, dtype=float).reshape(-1, len(FEATURES))
     y = np.asarray(y, dtype=float)
-    # Column-major: every reduction below runs down a column (on this project's VM, a row-major 2,000 × 5
-    # column max costs 69 µs, a column-major one 8 µs).
+    # Column-major: every reduction below runs down a column (several times faster than across a row-major array).
     x = np.asfortranarray(x)
     if not (np.isfinite(x).all() and (x >= 0).all() and np.isfinite(y).all() and (y > 0).all()):
         good = (y > 0) & (y < math.inf) & ((x >= 0) & (x < math.inf)).all(axis=1)  # NaN fails every comparison
@@ -224,7 +223,7 @@ def fit_phase(x: np.ndarray, y: np.ndarray, kind: BatchKind, *, max_rel_err: flo
         quality = judge(np.full(y_test.size, mean_s), y_test, mean_s, max_rel_err=max_rel_err)
         quality = quality._replace(reason=f"flat at the training mean: {quality.reason}")
     full = np.zeros(len(FEATURES) + 1)  # the coefficients judged: fitted on the training iterations only (a
-    full[sel] = coef_train  # refit on all of them cost a controller update ~0.7 ms more)
+    full[sel] = coef_train  # refit on all of them would add a second fit to a controller update)
     return PhaseFit(phase_cost(full), quality, tuple(FEATURES[c] for c in cols), n, mean_s)
 
 
@@ -305,7 +304,7 @@ def paper_costs(ic: IterationCosts, *, prefill: Shape, decode: Shape, mixed: Sha
 def _median_rows(v: np.ndarray) -> np.ndarray | float:
     """The median of each row of ``v`` (of a 1-d ``v``: its median), as ``np.median(v, axis=-1)`` computes it
     (the mean of the two middle values of an even count) for finite values, without its generic
-    machinery (~3× the cost of the partition itself here, and the cost fit takes a median per candidate)."""
+    machinery (which costs more than the partition itself, and the cost fit takes a median per candidate)."""
     m = v.shape[-1] // 2
     if v.shape[-1] % 2:
         return np.partition(v, m, axis=-1)[..., m]

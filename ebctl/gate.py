@@ -57,7 +57,7 @@ class GateDecision(NamedTuple):
     """``allow_prefill``: a prefill (or mixed) batch may form this iteration; ``admit_max``: at most this
     many new requests may be admitted (None: no cap of ours); ``mixed``: whether mixing prefill chunks with
     decode rows is wanted (None: the engine's launch setting). A named tuple: the plugin asks for one every
-    scheduler iteration, and a tuple is built ~5x faster than a frozen dataclass (docs/design.md §4)."""
+    scheduler iteration, and a tuple is built several times faster than a frozen dataclass (docs/design.md §4)."""
 
     phase: Phase
     allow_prefill: bool

@@ -79,8 +79,8 @@ class Observed:
         if r.running > 0:
             # Eq. 8's N_obs: the paper's Proposition 3.4 takes N as EB's maximum batch and MB's average one,
             # i.e. what the engine could batch: running plus waiting, up to its limit. Not the running batch
-            # alone: EB drains it by design, so under EB(θ = 0.8) at c = 1,024 an EMA of it swung from 287 to
-            # 1,017 between two updates, and Eq. 8's right side with it (simulated H200, conc-shift).
+            # alone: EB drains it by design, so an EMA of it swings with EB's cycles between two updates, and
+            # Eq. 8's right side with it.
             cap = n_limit(n_max_limit, self.engine_limit)
             self.n_obs.update(float(min(r.running + r.waiting, max(cap, r.running))))
         self.mixed_unavailable = r.mixed_unavailable

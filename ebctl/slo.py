@@ -33,9 +33,8 @@ completions, not the longest ones only in steady windows. It leaves out requests
 judged no request says nothing of goodput and does not count.
 
 What it does not remove: a switch changes the batch and the queue the next arm starts from, and latency shows
-that for longer than throughput does. In the simulator (RTX PRO 6000, balanced, c = 2,048, TTFT ≤ 229 s and
-TPOT ≤ 134 ms) stock's requests met both targets for 93% of their tokens before a trial of mb, and for none in
-stock's first measured window after it, two settling windows later.
+that for longer than throughput does: a queue built under a challenger can keep the incumbent's first measured
+windows after the trial missing the targets, past its settling windows.
 
 **Why TPOT and not an inter-token latency.** The paper's SLO (its Table 18) and the simulator's goodput are on
 TPOT, and the reports carry TTFT and TPOT per request, no per-token gaps. EB's refills stall every running
