@@ -44,6 +44,9 @@ def status(
     per_node: Annotated[bool, typer.Option(
         "--nodes", help="with --daemon/--fleet: a row per node (the view does so by itself above 40 engines)")
     ] = False,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="after the view: what each row and symbol means, and each engine's reasons in full")
+    ] = False,
 ) -> None:
     """What each engine runs, what it buys against stock, and why.
 
@@ -70,6 +73,8 @@ def status(
     data = fetch(first=True)  # unreachable at the start: exit 1 (in --watch, later misses show on screen)
     if not watch:
         print_json(data) if as_json else view._out.print(status_view(data, full=show_all))
+        if explain and not as_json:
+            view._out.print(view.explain_view(data))
         return
     with contextlib.suppress(KeyboardInterrupt):
         if as_json or not view._out.is_terminal:  # a pipe or a file: stream, a document or a view per refresh

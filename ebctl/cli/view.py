@@ -269,7 +269,8 @@ def _grid(cells: list[tuple[str, str]], per_row: int = 4) -> Table:
 
 
 def _fits_text(fits: Any) -> str:
-    """Per cost kind: in use (✓, with its quality) or not (✗, with why); coefficients are on --all."""
+    """Per cost kind, in words: in use (✓ with its held-out error), passed but not in use (no cross: the costs
+    row says why they are not used), failed (✗ with why), or waiting for data; coefficients are on --all."""
     if not isinstance(fits, dict):
         return "—"
     out = []
@@ -277,28 +278,88 @@ def _fits_text(fits: Any) -> str:
         if not isinstance(f, dict):
             out.append(f"{kind} —")
             continue
+        err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
+        err_s = f"err {err:.1%}" if _finite(err) else ""
+        state = f.get("state")
         used = next((f[k] for k in ("in_use", "used", "ok") if k in f), None)
-        words = [kind, {True: "✓", False: "✗", None: ""}[None if used is None else bool(used)]]
-        if not used and f.get("reason"):
-            words.append(str(f["reason"]))
+        if state == "passed, not in use":
+            out.append(f"{kind} passed ({err_s}), not in use" if err_s else f"{kind} passed, not in use")
+        elif state == "waiting":
+            out.append(f"{kind} waiting ({f.get('reason') or 'no data'})")
+        elif used:
+            words = [kind, "✓", err_s, f"R² {f['r2']:.3f}" if _finite(f.get("r2")) else ""]
+            out.append(" ".join(w for w in words if w))
         else:
-            err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
-            words += [f"err {num(100 * err)}%" if _finite(err) else "",
-                      f"R² {f['r2']:.3f}" if _finite(f.get("r2")) else "",
-                      f"n={num(f['n'])}" if "n" in f and not used else ""]  # in use: enough, by definition
-        out.append(" ".join(w for w in words if w))
+            out.append(" ".join(w for w in (kind, "✗", str(f.get("reason") or err_s)) if w))
     return " · ".join(out)
 
 
 _COEF_LABELS = {"alpha_p": "α_P", "beta_p": "β_P", "alpha_d": "α_D", "beta_d": "β_D", "alpha_mb": "α_MB"}
 
 
+def cost_source_text(source: str) -> str:
+    """Where the costs in use come from, in words: ``default`` (the built-in ones), ``profile:NAME`` (a shipped
+    preset or a file of ``ebctl tune calibrate``), ``online`` (fitted from this engine's iterations)."""
+    if source == "online":
+        return "fitted online from this engine"
+    if source.startswith("profile:"):
+        return f"profile {source.removeprefix('profile:')}"
+    if source == "default":
+        return "built-in defaults"
+    return source
+
+
 def _costs_text(st: dict[str, Any]) -> str:
+    """The costs in use: where they come from, and until when (the online fits replace a profile or the defaults
+    once they pass and identify the decode intercept: ``cost_reason``); the coefficients after."""
     costs = st.get("costs") if isinstance(st.get("costs"), dict) else {}
-    source = costs.get("source") or st.get("cost_source") or "?"
+    source = str(costs.get("source") or st.get("cost_source") or "?")
     coefs = [(k, v) for k, v in _flatten({k: v for k, v in costs.items() if k != "source"})
              if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v]
-    return f"{source}: " + " ".join(f"{_COEF_LABELS.get(k, k)} {num(v)}" for k, v in coefs)
+    return f"{cost_source_text(source)}{_until(source, str(st.get('cost_reason') or ''))} · " + \
+        " ".join(f"{_COEF_LABELS.get(k, k)} {num(v)}" for k, v in coefs)
+
+
+def _until(source: str, reason: str) -> str:
+    """Why a profile or the defaults are still in use, in a few words, from ``costfit.OnlineCosts.choose``'s
+    reason (``--explain`` shows it whole)."""
+    if source == "online" or source == "?":
+        return ""
+    if "intercept is not identified" in reason:
+        return " (fits pass; decode intercept not identified yet)"
+    if "online fits off" in reason:
+        return " (online fits off)"
+    return " (until the online fits pass)"
+
+
+def decision_text(st: dict[str, Any]) -> str:
+    """What the controller decided and why, in one sentence: the policy in force and the measurement behind it
+    (the measured search's incumbent and its trials), or the daemon's own reason where the search is not in
+    charge (a cold start, a pinned mode, a probe)."""
+    mode, k, n = st.get("mode"), st.get("k"), st.get("n_max")
+    policy = ("stock sglang" if mode in ("off", None) else "mixed batches" if mode == "mb"
+              else f"EB, k = {num(k)} of N = {num(n)}")
+    if st.get("pd_interval"):
+        policy += f", prefill every {num(st['pd_interval'])} decode steps"
+    tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
+    g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
+    if not tu:
+        return f"{policy}: {st.get('reason') or '—'}"
+    trial = tu.get("trial") if isinstance(tu.get("trial"), dict) else None
+    won, n_trials = tu.get("won"), tu.get("trials")
+    record = (f"{won} of {n_trials} trials won" if isinstance(won, int) and isinstance(n_trials, int) else "")
+    what = "goodput" if _targets(st) else "faster"
+    if trial:
+        arm = str(trial.get("challenger", "?"))
+        return f"{policy}: trying {arm} against {tu.get('incumbent', '?')}" + (f" ({record})" if record else "")
+    if tu.get("incumbent") == "stock":
+        return f"stock sglang: no arm measured {what if what == 'faster' else 'better'} than stock" + \
+            (f" ({record})" if record else "")
+    if _finite(g.get("vs_stock")):
+        measured = (f"measured {abs(g['vs_stock']):.1%} {'faster' if g['vs_stock'] >= 0 else 'slower'} than stock"
+                    if what == "faster" else f"measured {g['vs_stock']:+.1%} goodput against stock")
+        return f"{policy}: {measured}"
+    return f"{policy}: {st.get('reason') or '—'}"
 
 
 def _finite(x: Any) -> bool:
@@ -310,31 +371,35 @@ def _pct(x: Any) -> str:
     return f"{x:+.1%}" if _finite(x) else "—"
 
 
+def _arm_name(tu: dict[str, Any]) -> str:
+    inc = str(tu.get("incumbent", "?"))
+    return ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
+            else f"EB θ {num(tu.get('theta_incumbent'))}")
+
+
 def gain_text(st: dict[str, Any]) -> str:
-    """Is it helping: the engine's output tokens/s over the last minute, the trials the measured search ran,
-    what the running policy buys against stock by their measurements (95% interval), and what exploring has
-    cost so far."""
-    out = f"output {num(st.get('output_tok_s'))} tok/s"
+    """Is it helping: what the running arm buys against stock by the tuner's own measurements (the ratio of their
+    output tokens/s, or goodput with targets, over the windows each ran: 95% interval), the trials the measured
+    search ran, and what exploring has cost so far. The interval comes first after the figure, so that it stays
+    whole at 80 columns; the output rate is on the engine's first row."""
     g = st.get("gain")
     if not isinstance(g, dict):
-        return out + " · gain against stock: not measured (controller.theta_method is not measured)"
+        return "gain against stock: not measured (controller.theta_method is not measured)"
     tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
     inc = tu.get("incumbent", "?")
-    at = ("stock" if inc == "stock" else "mb" if inc == "mb" else f"pd-interval {inc[4:]}" if inc.startswith("pdi@")
-          else f"EB θ {num(tu.get('theta_incumbent'))}")
     what = " goodput" if _targets(st) else ""  # with latency targets the tuner compares goodput
     # a measured gain without a spread (null bounds) has no interval; null itself (after a reset): not measured
     band = ("(no interval: won in two windows against one)" if _finite(g.get("vs_stock")) and not _finite(g.get("low"))
             else f"[{_pct(g.get('low'))}, {_pct(g.get('high'))}]")
-    gain = (f" · {at}: {_pct(g.get('vs_stock'))}{what} against stock {band}"
-            if inc != "stock" else f" · at stock (nothing measured {'better' if what else 'faster'})")
+    gain = (f"{_arm_name(tu)}: {_pct(g.get('vs_stock'))}{what} against stock {band}"
+            if inc != "stock" else f"at stock (nothing measured {'better' if what else 'faster'})")
     share = g.get("explore_share")  # net: trials that ran ahead of the incumbent count as a gain
     ok = _finite(share)
     cost = (f"exploring gained {-share:.1%}" if ok and share < 0 else f"exploring cost {share:.1%}" if ok
             else "exploring cost —")
     n = tu.get("trials")
-    trials = f" · {n} trial{'' if n == 1 else 's'}" if isinstance(n, int) else ""  # before the gain: 80 columns
-    return out + trials + gain + f" · {cost} of {age(g.get('elapsed_s'))}"
+    trials = f" · {n} trial{'' if n == 1 else 's'}" if isinstance(n, int) else ""
+    return gain + trials + f" · {cost} of {age(g.get('elapsed_s'))}"
 
 
 def _targets(st: dict[str, Any]) -> str:
@@ -368,8 +433,8 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     head = _line(("engine ", "bold"), (engine_id, "bold cyan"))
     if isinstance(st.get("group_size"), int) and st["group_size"] > 1:
         head.append(f" (group of {num(st['group_size'])})")
-    head.append(shown(f" · policy v{st.get('version', '?')} · {num(st.get('reports'))} reports, last "
-                      f"{age(st.get('last_report_age_s'))} ago"))
+    head.append(shown(f" · policy v{st.get('version', '?')} · {num(st.get('output_tok_s'))} out tok/s · "
+                      f"{num(st.get('reports'))} reports, last {age(st.get('last_report_age_s'))} ago"))
     if st.get("seq_gaps"):
         head.append(f" · {num(st['seq_gaps'])} lost", style="yellow")
     if st.get("mixed_unavailable"):
@@ -397,7 +462,7 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     gate = st.get("gate_reasons")
     if isinstance(gate, dict) and gate:
         rows.append(_line(("  gate  ", "cyan"), " · ".join(f"{k} {num(v)}" for k, v in gate.items())))
-    why = _line(("  why   ", "cyan"), str(st.get("reason") or "—"))
+    why = _line(("  why   ", "cyan"), decision_text(st))
     if _finite(st.get("eb_lhs")):
         why.append(f" · Eq. 8: {num(st['eb_lhs'])} vs {num(st.get('eb_rhs'))}")
     if st.get("mixed_unavailable") and st.get("mixed_unavailable_reason"):
@@ -454,6 +519,61 @@ def dispatcher_lines(did: str, st: dict[str, Any]) -> list[Text]:
         rows.append(_line(("  stock ", "cyan"), " · ".join([*stock, str(st.get("reason") or "")]).strip(" ·"),
                           style="yellow" if state == "failed" else ""))
     return rows
+
+
+# ``ebctl status --explain``: what each row of an engine's block and each symbol means (docs/controller.md has the
+# equations behind them)
+LEGEND = (
+    ("helps", "what the running arm buys against stock: the ratio of output tokens/s (goodput with targets) over "
+              "the windows of completions the tuner measured each on, with its 95% interval; the trials the search "
+              "ran; what exploring has cost (or gained) so far, net, as a share of the time since the first report"),
+    ("mode", "eb: exclusive batching (prefill and decode in separate batches); mb: mixed batches; off: stock "
+             "sglang; pdi N: sglang's --prefill-decode-interval N"),
+    ("k, N", "EB refills when k of the N slots are free; N is the running batch's cap (N/limit: the engine's own)"),
+    ("age", "time since the policy was last updated"),
+    ("θ̂0", "the refill threshold as a share of N that Eq. 3 gives, from the fitted hazard and costs"),
+    ("Δθ", "the correction of Eq. 5 for the waiting requests; θ̂* = θ̂0 + Δθ (clamped), the threshold in force"),
+    ("N̂*", "the batch size of Eq. 6 that keeps the KV cache from overflowing"),
+    ("p̂0, η̂", "the output-length hazard fitted as p(t) = p̂0 + η̂·t per decode step (Eq. 1): a request ends at "
+               "step t with probability p(t)"),
+    ("fit R²", "how well that hazard fits the finished requests' lengths"),
+    ("N_obs", "the running batch the engine reaches on its own (an EMA of its reports)"),
+    ("μ̂_L, μ̂_O", "mean input and output length of the finished requests in the window"),
+    ("window", "finished requests the estimates are fitted on"),
+    ("KV res.", "the share of the KV cache held back from refills (Eq. 23)"),
+    ("costs", "the iteration costs in use (α: a batch's fixed cost, β: per token) and where they come from: "
+              "built-in defaults or a profile until this engine's own fits are usable, then fitted online"),
+    ("fits", "the online cost fits per batch kind, by held-out median error: ✓ in use, 'passed, not in use' "
+             "(good, but the costs row says why they are not used yet), ✗ failed (with why), waiting (for data)"),
+    ("gate", "the engine's phase gate: its decisions by reason since the engine started"),
+    ("why", "what the controller decided and the measurement behind it"),
+)
+
+
+def explain_view(data: dict[str, Any]) -> Group:
+    """``--explain``: the legend, then for each engine the daemon's reason and where its costs come from, whole
+    (the block cuts them at the terminal's edge)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    legend = Table(title=_text("what the rows and symbols mean"), title_justify="left", show_header=False,
+                   box=None, padding=(0, 1))
+    legend.add_column(style="cyan", no_wrap=True)
+    legend.add_column()
+    for label, text in LEGEND:
+        legend.add_row(_text(label), _text(text))
+    parts: list[Any] = ["", legend]
+    for eid, st in sorted((data.get("engines") or {}).items()):
+        rows = Table(title=_text(f"engine {eid}, in full"), title_justify="left", show_header=False, box=None,
+                     padding=(0, 1))
+        rows.add_column(style="cyan", no_wrap=True)
+        rows.add_column()
+        for key, label in (("reason", "daemon's reason"), ("cost_reason", "costs"), ("eq8_cost_reason", "Eq. 8 costs"),
+                           ("mixed_unavailable_reason", "mb unavailable"), ("last_error", "last error")):
+            if st.get(key):
+                rows.add_row(_text(label), _text(st[key]))
+        parts += ["", rows]
+    return Group(*parts)
 
 
 BLOCK_ROWS = 9  # an engine block's height at most (its gate row shows only once the gate has decided)

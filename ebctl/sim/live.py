@@ -69,6 +69,22 @@ def describe(p: Policy | None) -> str:
     return f"eb k={p.k} N={p.n_max}"
 
 
+def arm_of(p: Policy | None) -> str:
+    """The arm a policy runs, as the engine can tell it: stock, mb, or EB at θ = k/N rounded to the quarter octave
+    (the tuner's grid of θ, ``ebctl.tuner.QUARTERS``), written ``eb θ≈X`` with X = 2^(j/4): the engine's own count of
+    what an arm buys is over all the time that arm ran, whatever N it ran at."""
+    if p is None or p.mode is Mode.OFF:
+        return "stock"
+    if p.mode is Mode.MB:
+        return "mb"
+    return f"eb θ≈{theta_bucket(p.k / p.n_max):.3g}"
+
+
+def theta_bucket(theta: float) -> float:
+    """θ on the quarter-octave grid: 2^(round(4·log2 θ)/4)."""
+    return 2.0 ** (round(4 * math.log2(theta)) / 4)
+
+
 MIN_COMPARE_S = 30.0  # simulated seconds a mode must have run before its rate is compared with stock's
 
 
@@ -85,6 +101,7 @@ class Interval:
     running: int
     waiting: int
     by_mode: tuple[tuple[str, float, float], ...] = ()
+    arm: str = ""  # the arm running at the end (``arm_of``)
 
     @property
     def rate(self) -> float:
@@ -92,9 +109,9 @@ class Interval:
 
 
 def bought(by_mode: tuple[tuple[str, float, float], ...], mode: str) -> str:
-    """What running ``mode`` bought: its output rate against stock's, both over all the time each ran since the
-    warm-up (switches included: what a switch costs belongs to the mode switched to); '' until both ran
-    ``MIN_COMPARE_S`` or when ``mode`` is stock."""
+    """What running ``mode`` (an arm: ``arm_of``) bought: its output rate against stock's, both over all the time
+    each ran since the warm-up (switches included: what a switch costs belongs to the mode switched to); '' until
+    both ran ``MIN_COMPARE_S`` or when ``mode`` is stock."""
     runs = {m: (tok, sec) for m, tok, sec in by_mode}
     if mode == "stock" or mode not in runs or "stock" not in runs:
         return ""
@@ -108,13 +125,16 @@ def bought(by_mode: tuple[tuple[str, float, float], ...], mode: str) -> str:
 
 def line(iv: Interval) -> str:
     """A [sim] line: output tok/s since the last line, the queue, the policy (old → new when it changed); under
-    it, what the mode now running bought against stock (``bought``)."""
+    it, the engine's own count of what the arm now running bought against stock (``bought``: the figure
+    ``ebctl status``'s helps row estimates from the tuner's windows), and of the arm that ran longest."""
     pols = iv.policies
     pol = pols[0] if len(pols) == 1 else (" → ".join(pols) if len(pols) <= 3
                                           else f"{pols[0]} → … → {pols[-1]} ({len(pols) - 1} changes)")
-    gain = bought(iv.by_mode, pols[-1].split()[0]) if pols else ""
+    longest = max((m for m in iv.by_mode if m[0] != "stock"), key=lambda m: m[2], default=None)
+    arms = [a for a in dict.fromkeys([iv.arm, longest[0] if longest else ""]) if a and a != "stock"]
+    gains = [g for g in (bought(iv.by_mode, a) for a in arms) if g]
     return (f"[sim] t={iv.t1:6.0f}s  output {iv.rate:5,.0f} tok/s  running {iv.running} waiting {iv.waiting}  "
-            f"policy {pol}" + (f"\n[sim]          {gain}" if gain else ""))
+            f"policy {pol}" + "".join(f"\n[sim]          {g}" for g in gains))
 
 
 class Pacer:
@@ -148,7 +168,7 @@ class Pacer:
             self.policies.append(pol)
         made, self.tokens = self.engine.tokens_out - self.tokens, self.engine.tokens_out
         if self.by_mode is not None:
-            acc = self.by_mode.setdefault(pol.split()[0], [0.0, 0.0])
+            acc = self.by_mode.setdefault(arm_of(self.source.last), [0.0, 0.0])
             acc[0] += made
             acc[1] += rep.wall_time - now
         ahead = now / self.speed - (time.monotonic() - self.t0)
@@ -158,7 +178,7 @@ class Pacer:
         if wall >= self.next_print:
             modes = tuple((m, tok, sec) for m, (tok, sec) in (self.by_mode or {}).items())
             iv = Interval(self.mark[0], rep.wall_time, self.tokens - self.mark[1], tuple(self.policies),
-                          rep.running, rep.waiting, modes)
+                          rep.running, rep.waiting, modes, arm_of(self.source.last))
             print(line(iv), flush=True)
             self.mark, self.policies = (rep.wall_time, self.tokens), [pol]
             self.next_print = wall + self.every_s

@@ -57,7 +57,8 @@ def test_pacer_counts_each_steps_tokens_to_the_policy_it_ran_under(capsys):
     assert lines[0].startswith("[sim] t=    10s  output    10 tok/s")
     assert lines[1] == "[sim] t=    50s  output 1,000 tok/s  running 300 waiting 1700  policy stock"
     assert lines[2] == "[sim] t=    90s  output 1,100 tok/s  running 320 waiting 1728  policy stock → eb k=60 N=342"
-    assert lines[3].split(maxsplit=1)[1] == ("eb +10.0% on stock: 1,100 against 1,000 output tok/s "
+    # k/N = 60/342 = 0.175: 4·log2(0.175) = −10.04, on the grid 2^(−10/4) = 0.177
+    assert lines[3].split(maxsplit=1)[1] == ("eb θ≈0.177 +10.0% on stock: 1,100 against 1,000 output tok/s "
                                             "(over 40 s and 40 s)")
 
 
@@ -73,3 +74,10 @@ def test_the_demo_saturates_the_engine_by_default(tmp_path, monkeypatch, capsys)
     assert live.main(["--config", str(cfg), "--requests", "20", "--workload", "uniform:L=50,O=5",
                       "--max-running", "8", "--speed", "1e9"]) == 0
     assert "16 requests in flight on 8 slots" in capsys.readouterr().out
+
+
+def test_an_eb_arm_is_its_theta_on_the_tuners_quarter_octave_grid_whatever_its_n():
+    # θ = 0.0841 (the tuner's eb@ arm) ran as k = 27 of N = 330 and k = 29 of N = 350: one arm, 2^(−14/4) = 0.0884
+    assert live.arm_of(eb(27, 330)) == live.arm_of(eb(29, 350)) == "eb θ≈0.0884"
+    assert live.arm_of(eb(20, 330)) == "eb θ≈0.0625"  # 0.0606: 4·log2 = −16.2 → 2^(−4)
+    assert live.arm_of(None) == "stock"
