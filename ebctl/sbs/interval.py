@@ -11,10 +11,8 @@ first one). A release is due when both hold (Figure 5, §4.1.2):
 
 A target that reports zero tasks (the quiescence path) is due at once, interval or not: §4.1.2 calls
 that state "an immediate trigger", for cold starts and "rapid recovery following the completion of a
-batch". Measured in the simulator (8 DP-attention ranks): held to the interval, an idle instance made
-the mean TTFT 1.2% worse than sglang's total_tokens at 40% load; released at once, 0.3% better. The price
-is near saturation, where it starts smaller batches: at 95% of capacity on the compute-only cost model
-0.464 s against 0.344 s held to the interval.
+batch". Held to the interval, an idle instance waits for nothing at low load; the price of releasing at
+once is near saturation, where it starts smaller batches (docs/sbs.md).
 
 The liveness watchdog: a target that stays silent for ``watchdog_factor``·T̄_fwd after a release is taken
 as ready anyway, and from then on it is *lost*: it gets a release every fixed interval without waiting
@@ -23,8 +21,8 @@ for its EndForward (the paper's graceful degradation to fixed-interval batching)
 Choices the paper leaves open, made here:
 * The target is the first *ready* one in cyclic order of ids, not strictly the next one: Figure 2(b)
   sends a batch to "an engine that is ready or will soon be ready", and waiting for a busy one while
-  another is idle stalls every release behind the slowest instance (measured in the simulator: plain DP
-  fell far behind sglang's total_tokens that way).
+  another is idle stalls every release behind the slowest instance (plain DP would fall far behind
+  sglang's total_tokens).
 * The interval counts from the previous release's *slot*, with at most one interval of credit: a release
   that had to wait for its target's EndForward does not push the next one back by the same wait. Counted
   from the actual release, every forward shorter than T̄ made the next release miss a forward (under DP

@@ -94,15 +94,14 @@ class IterationCostModel:
 
 
 class NoisyCostModel:
-    """Another cost model on a machine whose speed wanders, as the real CPU server's does: every iteration's
+    """Another cost model on a machine whose speed wanders, as a shared CPU host's does: every iteration's
     time × exp(x(t)), x a path fixed by ``seed`` on a grid of ``grid_s`` seconds: white noise of sd ``white`` per
     cell (averaging to white·√(grid_s / T) over a window of T s) plus an AR(1) drift of sd ``drift`` and
     correlation time ``tau_s``. t is the sum of the times it priced (the engine's busy time: in a saturated closed
     loop, its clock). The same seed gives every policy the same path. Stateful (its clock): one per run.
 
-    On the real CPU server (tools/ab_real.py, 2026-11-26) stock's output rate over 30-s bins varied with an sd of
-    5.7% in ln and no correlation from one bin to the next: white = 0.3 per 1-s cell gives 5.5% over 30 s (and
-    9.5% over the tuner's 10-s windows)."""
+    The defaults are sized to the bin-to-bin spread ``tools/ab_real.py`` records on a real CPU host, with no
+    correlation from one bin to the next (docs/results/sim_cold.md)."""
 
     def __init__(self, base: CostModel, *, white: float = 0.3, drift: float = 0.05, tau_s: float = 300.0,
                  grid_s: float = 1.0, seed: int = 0) -> None:

@@ -17,7 +17,7 @@
   preparation, sampling, output processing): ``iter_s`` per iteration and ``req_s`` per request in it.
 * **interference** φ ∈ [0, φ_max]: in a mixed iteration the decode attention A costs (1 + φ)·A. φ_max is
   the largest slowdown the measured mixed attention kernels show against the same work run apart
-  (``interference_bound``: ≈ 1.9 on both GPUs).
+  (``interference_bound``).
 * **switch** s: an iteration whose kind differs from the previous one's (prefill after decode, decode after
   prefill, mixed after decode, ...) pays s.
 

@@ -12,9 +12,9 @@ token) with TP = 4 per DP rank. Two named assumptions build one:
    5.8× slower than that. Its Table 1 baseline served 57 QPS (chunk 3K, 51.83% chunk utilisation) and
    70 QPS (chunk 5K, 53.0%) with 1K-token prompts on three prefill instances of 8 DP ranks: if each
    instance was never idle at that peak, one forward took 0.5183 · 8 · 3,072 / (57/3 · 1,000) = 0.67 s and
-   0.93 s. The simulator's total-tokens on model 1 at the same utilisations runs forwards of 0.114 s and
-   0.161 s (``tools/sim_dp_table.py --calibrate``): factors 5.86 and 5.79, consistent, so every prefill
-   coefficient is multiplied by 5.8. Whatever makes the real forwards slower than compute (all-to-all
+   0.93 s. The simulator's total-tokens on model 1 at the same utilisations runs forwards about 5.8× shorter
+   at both chunk sizes (``tools/sim_dp_table.py --calibrate``), so every prefill coefficient is multiplied
+   by 5.8. Whatever makes the real forwards slower than compute (all-to-all
    over 4 nodes, MLA, scheduling) is in this one factor; it matters because a mean-TTFT SLO of 1 s is
    1.3 forwards under it and 7.5 under model 1, and where the SLO binds decides what dispatch can win.
 

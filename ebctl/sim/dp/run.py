@@ -33,7 +33,7 @@ class DpConfig:
     chunk: int = 3072  # prefill tokens per rank and forward (the paper's "Prefill Chunk Size (3K)")
     costs: IterationCosts = field(default_factory=dpcosts.build)
     # the simulator delivers a release at once, so its L_net is 0: an L_net above the real latency makes
-    # every release wait past the forward it was meant for (1 ms too much cost 1.2% of the capacity here)
+    # every release wait past the forward it was meant for (even 1 ms too much costs capacity)
     sbs: SbsParams = field(default_factory=lambda: SbsParams(l_net_s=0.0))
 
     def __post_init__(self) -> None:
