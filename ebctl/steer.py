@@ -151,8 +151,7 @@ class Steering:
         at that θ, but at most ``REACH_SHARE`` of the batch the engine's own admission was seen to stop at
         (``Tuner.reach``): sglang reserves each running request's remaining output in its admission, so it can stop
         below Eq. 6's N, and the gate, which ends a refill only at N or at the KV reserve, would then never end it (EB
-        would run as
-        stock). Frozen while a trial runs: the two arms it compares keep the numbers they started with."""
+        would run as stock). Frozen while a trial runs: the two arms it compares keep the numbers they started with."""
         if self._arms_trial != self.tuner.trial_id or self.tuner.trial is None:
             self._arms.clear()
             self._arms_trial = self.tuner.trial_id

@@ -14,7 +14,7 @@ numbers instead, an engine whose decode row costs many prefill tokens (a CPU one
 almost nothing. Only a window with no decode-only iteration splits by numbers. In a steady state this is the
 engine's total token throughput; unlike tokens over time it does not move when a window holds more or less
 prefill than the steady mix (a burst of admissions after a switch, a cohort of young requests that finishes
-late), so it is several times less noisy than processed tokens over time, and counting finished requests'
+late), so it is less noisy than processed tokens over time, and counting finished requests'
 tokens (heavy-tailed lengths) is noisier still.
 A window counts only when saturated: requests waited on at least ``SATURATED_SHARE`` of its time and, under EB,
 more than N were in the engine (the gate's own deferral is not load).
@@ -34,8 +34,8 @@ scaled inverse-χ² prior worth ``PRIOR_PAIRS`` pairs), so two pairs do not make
 It also loses where it is futile (stochastic curtailment under the current trend): were mean(d) and the shrunk
 sd to hold, the interval of ``max_pairs`` pairs, t·sd/√max_pairs with the degrees of freedom those pairs would
 have, would still reach 0, and the remaining pairs would not make it win. After one pair the sd is the prior's
-alone, and the rule is a cut at t(max_pairs + 1 df)/√max_pairs ≈ 1.09 prior sd (max_pairs = 5). It halves
-what a challenger level with the incumbent costs, at the price of some wins of small gains where a pair's
+alone, and the rule is a cut at t(max_pairs + 1 df)/√max_pairs ≈ 1.09 prior sd (max_pairs = 5). It cuts
+short what a challenger level with the incumbent costs, at the price of some wins of small gains where a pair's
 noise is as large as the gain: there the default stays where it is (docs/controller.md).
 
 Pure: numbers in, numbers out.
