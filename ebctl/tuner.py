@@ -85,6 +85,8 @@ LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' 
 PRIOR_SD = 0.01
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
+GAIN_WINDOWS = 128  # windows of the incumbent and of stock the gain shown in status is measured over (``_gain_ln``)
+MAX_RHO = 0.9  # the lag-1 autocorrelation ``mean_var`` allows for
 # Windows dropped after a switch. The engine's own admission (stock, mb) carries state across a switch: under
 # EB no decode ran out of KV, so sglang's new_token_ratio has decayed to its floor, and stock then admits more
 # than it can keep until a retraction backs the ratio off: stock runs fast for about two windows. EB's batch
@@ -175,6 +177,8 @@ class Tuner:
         self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
         self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
+        self.gain_inc: list[float] = []  # ln rates of the incumbent's steady windows since it won (``gain``)
+        self.gain_stock: list[float] = []  # ... and of stock's since the last reset
         self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
         self.targets = params.targets  # the objective's (``ebctl.slo``)
         self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
@@ -225,6 +229,7 @@ class Tuner:
             # (``_refs_needed``), and the window open now and the next ones judge only requests whose first token comes
             # after this point.
             self.ref_lns, self.ref_att, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], [], []
+            self.gain_inc, self.gain_stock = [], []
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
@@ -277,7 +282,7 @@ class Tuner:
         measurements (its windows' reference, its gain, the search's position around it)."""
         self.incumbent = STOCK
         self.ref_lns, self.ref_att, self.tried, self.direction, self.settled = [], [], set(), 0, False
-        self.gain_ln, self.gain_var = 0.0, 0.0
+        self.gain_ln, self.gain_var, self.gain_inc = 0.0, 0.0, []
 
     def neighbours(self) -> list[str]:
         """The challengers of the incumbent, in the order they are tried. mb only where it differs from stock
@@ -490,6 +495,7 @@ class Tuner:
                 self.explore_net_s -= w.seconds * min(math.expm1(ln - ref), 1.0)
         elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
+            self.gain_inc = [*self.gain_inc[-(GAIN_WINDOWS - 1):], ln]
             self.ref_att = [*self.ref_att[-(REF_WINDOWS - 1):], w.attainment()]
         if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():
             sd = self.early_stop_bar / EARLY_STOP_Z
@@ -513,6 +519,7 @@ class Tuner:
                 self.tpot_binds = w.tpot_ok_tokens < w.ttft_ok_tokens
         if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the latency guard compare with
             self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
+            self.gain_stock = [*self.gain_stock[-(GAIN_WINDOWS - 1):], ln]
             self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
             self.stock_tpots = [*self.stock_tpots[-(REF_WINDOWS - 1):], w.tpots]
         if t is None:
@@ -599,7 +606,7 @@ class Tuner:
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
             self._to_stock()
             self._run(STOCK)
-        self.ref_lns, self.ref_att, self.attained = [], [], {}
+        self.ref_lns, self.ref_att, self.attained, self.gain_inc = [], [], {}, []
         self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
     @property
@@ -761,6 +768,7 @@ class Tuner:
                 self.direction = -1 if new == STOCK else 0
             self.incumbent = new
             self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
+            self.gain_inc = []
             self.tried = {old}
             self.settled = False
             self.recheck_gap = self.p.recheck
@@ -788,12 +796,14 @@ class Tuner:
         """(ln ratio, variance) of the incumbent against stock. Once the incumbent has run ``MIN_REF`` steady
         windows since it won and stock's last ones are known: the mean of the one against the mean of the other,
         windows that decided nothing. A trial stops where the challenger's windows ran high, so the trials' own
-        figure (``_carry_gain``, used before) reads high."""
-        a, b = self.ref_lns, self.stock_lns
+        figure (``_carry_gain``, used before) reads high. Every window of each since then counts (up to
+        ``GAIN_WINDOWS``), so the figure converges on the long-run ratio; consecutive windows of one arm are
+        correlated (the batch carries over), so each mean's variance is ``mean_var``'s."""
+        a, b = self.gain_inc, self.gain_stock
         if self.incumbent == STOCK or len(a) < MIN_REF or len(b) < MIN_REF:
             return self.gain_ln, self.gain_var
-        return (math.fsum(a) / len(a) - math.fsum(b) / len(b),
-                float(np.var(a, ddof=1)) / len(a) + float(np.var(b, ddof=1)) / len(b))
+        (ma, va), (mb, vb) = mean_var(a), mean_var(b)
+        return ma - mb, va + vb
 
     def gain(self) -> dict[str, float]:
         """What the incumbent buys against stock by the tuner's measurements (``_gain_ln``): the ratio − 1 with
@@ -821,6 +831,7 @@ class Tuner:
         self.settled, self.gap, self.recheck_gap = False, 0, self.p.recheck
         self.pooled_ss = self.pooled_df = 0.0
         self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], []  # stock's windows were of the old mix
+        self.gain_inc, self.gain_stock = [], []
 
     # --- output ---------------------------------------------------------------------------------------
     def state(self) -> str:
@@ -880,3 +891,19 @@ def _settle(arm: str) -> int:
 def _attained(t: Trial) -> list[list[Any]]:
     """A trial's windows' attainments, [arm, share] each (empty without latency targets)."""
     return [[arm, round(a, 4)] for arm, a in t.attained]
+
+
+def mean_var(xs: list[float]) -> tuple[float, float]:
+    """The mean of a series of window ln-rates and its variance, allowing for their lag-1 autocorrelation ρ
+    (the AR(1) effective sample size: var = s²/n · (1 + ρ)/(1 − ρ), ρ clipped to [0, ``MAX_RHO``]): windows of
+    one arm in a row share the batch that carries over between them, so s²/n alone reads too sure."""
+    n = len(xs)
+    m = math.fsum(xs) / n
+    if n < 2:
+        return m, math.nan
+    d = [x - m for x in xs]
+    ss = math.fsum(v * v for v in d)
+    if ss == 0:
+        return m, 0.0
+    rho = min(max(math.fsum(d[i] * d[i + 1] for i in range(n - 1)) / ss, 0.0), MAX_RHO) if n >= 4 else 0.0
+    return m, ss / (n - 1) / n * (1 + rho) / (1 - rho)

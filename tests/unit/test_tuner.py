@@ -362,15 +362,15 @@ def test_a_faster_challenger_whose_latency_p99_exceeds_stocks_by_more_than_the_s
         assert h["why"] == f"{what} p99 +15% against stock's (at most +10%)" and t.incumbent == STOCK
 
 
-def test_the_gain_compares_the_incumbents_windows_since_it_won_with_stocks_last():
+def test_the_gain_compares_the_incumbents_windows_since_it_won_with_stocks():
     """The trial carried +30% (ln 0.262); the incumbent's windows since, at ln 8.2, 8.3, 8.1, against stock's last
     at 8.0, 8.1, 7.9: ln 0.2 (+22.1%), variance 0.01/3 + 0.01/3, the interval e^(0.2 ± 1.96·0.0816) − 1. With two
     windows of the incumbent, the carried figure stands."""
     t = Tuner(TunerParams())
     t.incumbent, t.gain_ln, t.gain_var = "eb@8", math.log(1.3), 0.01
-    t.stock_lns, t.ref_lns = [8.0, 8.1, 7.9], [8.2, 8.3]
+    t.gain_stock, t.gain_inc = [8.0, 8.1, 7.9], [8.2, 8.3]
     assert t.gain()["vs_stock"] == pytest.approx(0.3)
-    t.ref_lns.append(8.1)
+    t.gain_inc.append(8.1)  # three windows each: ρ is not estimated (``mean_var``)
     g, half = t.gain(), 1.96 * math.sqrt(0.02 / 3)
     assert g["vs_stock"] == pytest.approx(math.expm1(0.2)) and g["low"] == pytest.approx(math.expm1(0.2 - half))
     assert g["high"] == pytest.approx(math.expm1(0.2 + half)) and 0.1 < half < 0.17
@@ -527,3 +527,17 @@ def test_a_challengers_settling_window_is_looked_at_every_window_s():
     assert t.trial is not None
     t._peek(w, 20.0)
     assert t.trial is None and t.history[-1]["decision"] == "lose" and t.arm == STOCK
+
+
+def test_mean_var_allows_for_the_windows_lag_one_autocorrelation():
+    from ebctl.tuner import mean_var
+
+    # 1, 2, 3, 4: mean 2.5, s² = 5/3, ρ = (0.75 − 0.25 + 0.75) / 5 = 0.25, var = s²/4 · 1.25/0.75 = 25/36
+    m, v = mean_var([1.0, 2.0, 3.0, 4.0])
+    assert m == 2.5 and abs(v - 25 / 36) < 1e-12
+    # alternating: ρ < 0 is clipped to 0, plain s²/n = (4/3)/4
+    m, v = mean_var([1.0, -1.0, 1.0, -1.0])
+    assert m == 0.0 and abs(v - 1 / 3) < 1e-12
+    # under four windows ρ is not estimated: (1, 3): s² = 2, var = 1
+    assert mean_var([1.0, 3.0]) == (2.0, 1.0)
+    assert mean_var([5.0, 5.0, 5.0]) == (5.0, 0.0)
