@@ -57,6 +57,9 @@ PLAN: dict[str, Step] = {
         Step("run", timeout=90, expect="[sim] done"),
     "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 --policies "
     "v0,mb,eb-auto,eb+": Step("run", timeout=180, expect="eb-auto"),
+    "ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 256 --policies "
+    "'v0,sglang:pd-interval=8,default,default:ttft=10,tpot=0.1' --slo-ttft 10 --slo-tpot 0.1":
+        Step("run", timeout=180, expect="sglang:pd-interval=8"),
     "python tools/readme_walkthrough.py": Step("skip", "this walkthrough"),
     "ebctl start --engine sglang --join --server qwen-a -- --model-path Qwen/Qwen3-8B --port 30000 "
     "--enable-mixed-chunk": Step("skip", "needs a GPU and Qwen3-8B; tests/sglang/test_sglang_gateway.py joins two "
@@ -144,6 +147,7 @@ SECOND_SHELL: list[tuple] = [
     ("ebctl status --all", "published_version"),
     ("ebctl status --json", '"engines"'),
     ("ebctl status --engine sim0", "θ̂*"),
+    ("ebctl status --explain", "what the rows and symbols mean"),
     ("ebctl tune set controller.mode=eb+", "controller.mode"),
     ("ebctl config show --daemon", 'mode = "eb+"'),
     ("ebctl config show", "[controller]"),

@@ -18,8 +18,9 @@ def walk():
 
 def test_every_documented_command_is_planned_and_every_skip_says_why(walk):
     commands = walk.doc_commands()
-    assert commands["ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 512 "
-                    "--policies v0,mb,eb-auto,eb+"] == "README.md"  # the README's simulator example, as written
+    assert commands["ebctl simulate --profile qwen3-8b/rtx-pro-6000 --workload azure-conv --concurrency 256 "
+                    "--policies 'v0,sglang:pd-interval=8,default,default:ttft=10,tpot=0.1' --slo-ttft 10 "
+                    "--slo-tpot 0.1"] == "README.md"  # the README's simulator example, as written
     assert commands["python tools/learn_table.py"] == "docs/controller.md"  # moved out of the README, still walked
     assert {p.relative_to(REPO).as_posix() for p in walk.docs()} >= {"README.md", "docs/cli.md", "docs/simulator.md"}
     assert not any(p.relative_to(REPO).as_posix().startswith("docs/results/") for p in walk.docs())
