@@ -279,7 +279,7 @@ def _fits_text(fits: Any) -> str:
             out.append(f"{kind} —")
             continue
         err = next((f[k] for k in ("rel_err", "error") if isinstance(f.get(k), int | float)), None)
-        err_s = f"err {err:.1%}" if _finite(err) else ""
+        err_s = "" if not _finite(err) else f"err {err:.1%}" if err >= 0.0005 else "err < 0.1%"
         state = f.get("state")
         used = next((f[k] for k in ("in_use", "used", "ok") if k in f), None)
         if state == "passed, not in use":
@@ -300,8 +300,8 @@ _COEF_LABELS = {"alpha_p": "α_P", "beta_p": "β_P", "alpha_d": "α_D", "beta_d"
 def cost_source_text(source: str) -> str:
     """Where the costs in use come from, in words: ``default`` (the built-in ones), ``profile:NAME`` (a shipped
     preset or a file of ``ebctl tune calibrate``), ``online`` (fitted from this engine's iterations)."""
-    if source == "online":
-        return "fitted online from this engine"
+    if source.startswith("online"):
+        return " ".join(("fitted online from this engine", source.removeprefix("online"))).strip()
     if source.startswith("profile:"):
         return f"profile {source.removeprefix('profile:')}"
     if source == "default":
@@ -323,7 +323,7 @@ def _costs_text(st: dict[str, Any]) -> str:
 def _until(source: str, reason: str) -> str:
     """Why a profile or the defaults are still in use, in a few words, from ``costfit.OnlineCosts.choose``'s
     reason (``--explain`` shows it whole)."""
-    if source == "online" or source == "?":
+    if source.startswith("online") or source == "?":
         return ""
     if "intercept is not identified" in reason:
         return " (fits pass; decode intercept not identified yet)"

@@ -409,11 +409,11 @@ def test_status_view_fits_80x24_with_the_controller_of_two_engines():
     a, b = text.split("engine node-a/dp0")[1].split("engine node-b/dp1")
     # mode, k, N, θ̂0, Δθ, θ̂*, N̂*, p̂0, η̂, the costs and fits in use, the policy's age: per engine
     for block, needles in ((a, ["eb", "59", "339/1,024", "0.0412", "+0.135", "0.176", "0.00251", "+1.18e-5",
-                                "3.2 s", "online(prefill,decode)", "prefill ✓ err 0.23% · decode ✓ err 0.0089%",
-                                "mixed ✗ too few",
+                                "3.2 s", "fitted online from this engine (prefill,decode)",
+                                "prefill ✓ err 0.2% · decode ✓ err < 0.1% · mixed waiting (too few)",
                                 "threshold 120", "starvation 3", "1,113", "219", "group of 2"]),
                            (b, ["mb", "7", "128/1,024", "0.105", "-0.02", "0.085", "0.0512", "-3.54e-4", "75 s",
-                                "profile:qwen3-8b/h200"])):
+                                "profile qwen3-8b/h200"])):
         for label in ("mode", "k", "N", "age", "θ̂0", "Δθ", "θ̂*", "N̂*", "p̂0", "η̂", "costs", "fits"):
             assert f" {label} " in block, label
         for needle in needles:
