@@ -5,13 +5,13 @@ arrives, from what it polled last; this module is that decision and nothing else
 gateway's live in-flight counts and a uniform draw for ties come in as arguments, a frozen :class:`Gateway`
 record is the whole state, and :func:`poll` and :func:`route` return a new one. No I/O, no clock.
 
-Sources. Line numbers are smg-project/smg at commit f8daa8835 (main); a later ``least_load.rs`` scores exactly as
-below and differs only for a worker that has no report while others do, which never happens here (every poll
-reaches every worker). The 1.13.0 wheel is newer than f8daa8835; its Python launcher (``smg/router_args.py`` of the
-wheel: ``load_monitor_interval`` :88, ``least_load_*`` :97-99 and :254, ``worker_overload_*`` :269-275 and :316,
-their help :739-804) gives the defaults used here (those of least_load.rs:13-25 and config/types.rs:329-331 among
-them) and describes the overload veto that 1.13.0 turns on by default (off by default at f8daa8835, where a fleet
-with every worker over the thresholds was refused, not steered).
+Sources. Line numbers are smg-project/smg's main branch before the 1.13.0 release; a later ``least_load.rs`` scores
+exactly as below and differs only for a worker that has no report while others do, which never happens here (every
+poll reaches every worker). The 1.13.0 wheel is newer than that source; its Python launcher (``smg/router_args.py``
+of the wheel: ``load_monitor_interval`` :88, ``least_load_*`` :97-99 and :254, ``worker_overload_*`` :269-275 and
+:316, their help :739-804) gives the defaults used here (those of least_load.rs:13-25 and config/types.rs:329-331
+among them) and describes the overload veto that 1.13.0 turns on by default (off by default in that source, where a
+fleet with every worker over the thresholds was refused, not steered).
 
 * **Polling** (``model_gateway/src/worker/monitor.rs``): one ``tokio::time::interval`` per worker group, whose
   first tick fires at once (:886-889), every ``--load-monitor-interval`` seconds (``RouterArgs.load_monitor_interval
@@ -31,7 +31,7 @@ with every worker over the thresholds was refused, not steered).
   the policy (``routers/http/router.rs:248-252``): the policy chooses among the others. When every worker is
   flagged, 1.13.0 sends the request to the least-loaded one by the gateway's own live in-flight count
   (``worker.load()``, requests dispatched and not yet answered), ties drawn uniformly, without asking the policy
-  (``routers/common/overload.rs`` ``fallback_if_all_vetoed`` and ``least_loaded_uniform``, newer than f8daa8835;
+  (``routers/common/overload.rs`` ``fallback_if_all_vetoed`` and ``least_loaded_uniform``, newer than that source;
   the 1.13.0 help text of ``--worker-overload-waiting-requests`` says the same:
   "when every worker is over them the request goes to the least-loaded one"). Turn the veto off
   with ``overload_waiting_reqs = overload_token_usage = None`` (``--disable-worker-overload-protection``).
