@@ -98,3 +98,50 @@ def test_the_decode_step_is_the_median_of_the_later_half_of_its_lines(pool, tmp_
                           "--baseline", "pdi=8", "--pace", "8"], capture_output=True, text=True, check=True).stdout
     assert "| ebctl | 1 | 1 | 0.900 [0.900, 0.900] | 0.900 [0.900, 0.900] | 1.300 [1.300, 1.300] |" in out
     assert "time per decode step at 8 running" in out
+
+
+def _sitting(n: int, commit: str, alone: float, ebctl: float) -> dict:
+    """A sitting kept as data (docs/results/ab_real.jsonl's shape): one round, sglang alone and ebctl."""
+    def run(config: str, tok_s: float, p99: float) -> dict:
+        return {"config": config, "round": 1, "summary": {"tok_s": tok_s, "tok_s_last": tok_s, "ttft_p99": p99,
+                                                          "tpot_p99": p99 / 100, "completed": 10, "failed": 0}}
+    return {"sitting": n, "label": None, "commit": commit, "date": f"2026-01-0{n}", "machine": "a VM",
+            "command": "python tools/ab_real.py --runs 1", "configs": ["alone", "ebctl"],
+            "settings": {"runs": 1, "duration": 60.0, "last": 30.0, "baseline": "alone", "slo": None,
+                         "server_args": "", "trace": None},
+            "runs": [run("alone", alone, 0.5), run("ebctl", ebctl, 0.4)]}
+
+
+def test_the_summary_of_sittings_kept_as_data_pools_them_and_names_its_command(tmp_path):
+    # sitting 1: ebctl 90 against alone's 100 (0.9), sitting 2: 110 against 100 (1.1). Pooled: the geometric mean
+    # sqrt(0.9 * 1.1) = 0.995; over the two sittings resampled the 2.5th and 97.5th percentiles fall in the AA
+    # (0.9) and BB (1.1) blocks, as in test_rounds_weigh_alike_and_the_interval_resamples_sittings. One run each: a
+    # sitting's own interval has no width.
+    data = tmp_path / "ab.jsonl"
+    data.write_text("".join(json.dumps(s) + "\n" for s in (_sitting(1, "c1", 100, 90), _sitting(2, "c2", 100, 110))))
+    out = tmp_path / "ab.md"
+    cmd = [sys.executable, str(REPO / "tools" / "ab_pool.py"), "--summary", str(data), "--report", str(out)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert out.read_text() == text
+    assert f"Written by `python tools/ab_pool.py --summary {data} --report {out}` at ebctl " in text
+    assert "from 2 sittings (4 runs)" in text and "## The issue's workload" in text
+    assert "| `ebctl` | `alone` | 2 | 2 | c1 to c2 | 0.995 [0.900, 1.100] | 0.995 [0.900, 1.100] |" in text
+    assert ("| #1 | c1 | 2026-01-01 | `ebctl` | 1 | 90 | 100 | 0.900 [0.900, 0.900] | 0.900 [0.900, 0.900] | "
+            "0.40 / 0.50 | 4.0 / 5.0 | - | 0 |") in text
+    assert "| #2 | c2 | 2026-01-02 | `ebctl` | 1 | 110 | 100 | 1.100 [1.100, 1.100] |" in text
+    both = subprocess.run([*cmd[:4], str(data), "--baseline", "alone"], capture_output=True, text=True)
+    assert both.returncode == 2 and "--summary takes its sittings from its file" in both.stderr
+
+
+def test_the_results_summary_is_what_the_tool_writes_from_the_data(pool):
+    # docs/results/ab_real.md is generated: regenerate it after changing docs/results/ab_real.jsonl or this tool
+    # (the command its first lines name); the version it names is left out of the comparison
+    cmd = "python tools/ab_pool.py --summary docs/results/ab_real.jsonl --report docs/results/ab_real.md"
+    docs = pool.load_sittings(REPO / "docs" / "results" / "ab_real.jsonl")
+    assert sum(len(d["runs"]) for d in docs) == 409  # every run line the records printed
+    want = pool.summary(docs, cmd, "VERSION")
+    have = (REPO / "docs" / "results" / "ab_real.md").read_text()
+    head = f"Written by `{cmd}` at ebctl "
+    assert head in have, f"docs/results/ab_real.md does not name the command that writes it: `{cmd}`"
+    version = have.split(head, 1)[1].split(",", 1)[0]
+    assert have == want.replace("at ebctl VERSION,", f"at ebctl {version},"), f"stale: run `{cmd}`"
