@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.metadata
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ import zmq
 
 from ebctl import security
 from ebctl.protocol import (
+    PROTOCOL_VERSION,
     ControlReply,
     ControlRequest,
     DispatchReport,
@@ -46,6 +48,7 @@ from ebctl.protocol import (
     ProtocolError,
     decode,
     encode,
+    peek,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +64,24 @@ _RECONNECT_IVL_MAX_MS = 1000
 # 600 s only with daemon.allow_long_ttl, and never above a day). A longer one comes from no configuration and
 # would outlive a dead daemon: the engine refuses it and keeps what it runs.
 MAX_TTL_S = 86_400.0
+
+
+def package_version() -> str:
+    """This package's installed version ("" when it is not installed): what reports carry as ``plugin_version``."""
+    try:
+        return importlib.metadata.version("ebctl")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def skew_warning(engine_id: str, daemon_v: int) -> str:
+    """What an engine logs once when its daemon speaks another protocol version than it (docs/upgrade.md)."""
+    if daemon_v < PROTOCOL_VERSION:
+        return (f"engine {engine_id}: the ebctl daemon speaks protocol version {daemon_v}, this plugin "
+                f"{PROTOCOL_VERSION}: running stock until the daemon is upgraded (upgrade the daemon first)")
+    return (f"engine {engine_id}: the ebctl daemon speaks protocol version {daemon_v}, this plugin "
+            f"{PROTOCOL_VERSION} (the daemon serves only its own version and the one before): running stock "
+            "until this server is restarted with a newer plugin")
 
 
 def topic(engine_id: str) -> bytes:
@@ -124,6 +145,8 @@ class EngineLink:
                  for ep in (telemetry_endpoint, policy_endpoint)]
         self.engine_id = engine_id
         self.instance = os.urandom(4).hex()  # this process's reports: the daemon refuses a second one on this id
+        self.plugin_version = package_version()
+        self.daemon_protocol: int | None = None  # the version of the last policy frame refused for its version
         self.telemetry_endpoint, self.policy_endpoint = telemetry_endpoint, policy_endpoint
         self._own_ctx = context is None
         self._ctx = _background_context() if context is None else context
@@ -217,7 +240,8 @@ class EngineLink:
                     item = out[0]
                     try:
                         if not item.instance:
-                            item = out[0] = msgspec.structs.replace(item, instance=self.instance)
+                            item = out[0] = msgspec.structs.replace(item, instance=self.instance,
+                                                                    plugin_version=self.plugin_version)
                         frame = encode(item)
                     except Exception as e:  # an engine bug (an unencodable field): drop it, never wedge
                         out.popleft()
@@ -254,7 +278,12 @@ class EngineLink:
         try:
             p = decode(memoryview(frame)[len(self._topic):], self._policy_type)
         except ProtocolError as e:
-            self._count_rejected(reject_reason(e), e)
+            reason = reject_reason(e)
+            if reason == "version" and (v := peek(memoryview(frame)[len(self._topic):])[0]) is not None:
+                self.daemon_protocol = v  # version skew: one warning that says which versions and what follows
+                self._count_rejected(reason, None, skew_warning(self.engine_id, v))
+                return
+            self._count_rejected(reason, e)
             return
         except Exception as e:  # the decoder promises ProtocolError only; an engine must not depend on it
             self._count_rejected("malformed", repr(e))
@@ -274,16 +303,20 @@ class EngineLink:
         if cur is None or p.version >= cur.version or p.issued_at > cur.issued_at or now >= self._expires_at:
             self._policy, self._received_at, self._expires_at = p, now, now + p.ttl_s
 
-    def _count_rejected(self, reason: str, why: object) -> None:
+    def _count_rejected(self, reason: str, why: object, text: str = "") -> None:
         self.rejected[reason] += 1
         if self.rejected[reason] == 1:  # once per reason: the engine's log is not the place for a flood
-            log.warning("engine %s: ignoring a bad policy frame (%s): %s", self.engine_id, reason, why)
+            if text:
+                log.warning("%s", text)
+            else:
+                log.warning("engine %s: ignoring a bad policy frame (%s): %s", self.engine_id, reason, why)
 
     def stats(self) -> dict[str, Any]:
         p = self._policy
         return {"engine_id": self.engine_id, "sent": self.sent, "queued": len(self._outbox), "dropped": self.dropped,
                 "wakes": self.wakes,
                 "unencodable": self.unencodable, "policies_received": self.policies, "rejected": dict(self.rejected),
+                "protocol": PROTOCOL_VERSION, "daemon_protocol": self.daemon_protocol,
                 "policy_version": None if p is None else p.version,
                 "policy_received_at": self._received_at if p else None,
                 "policy_expires_at": self._expires_at if p else None}

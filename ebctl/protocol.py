@@ -1,8 +1,18 @@
 """Wire types between engines, the daemon and the CLI (docs/design.md §2).
 
 Pure: structs, one encoder, decoders built once, validation. No sockets here.
-Every message carries ``v`` (protocol version); a decoder refuses any other version with
-``ProtocolError`` so the shell can count it and drop the frame.
+Every message carries ``v`` (protocol version); a decoder refuses a version outside the ones it is given
+(by default this side's own) with ``ProtocolError`` so the shell can count it and drop the frame.
+
+Version skew (docs/upgrade.md): the daemon accepts reports and control requests of ``ACCEPTED_VERSIONS`` (its own
+and the one before) and answers each peer in the peer's version (:func:`for_version`): a policy for an engine that
+reports in version 1 is encoded with ``v=1`` and only the fields version 1 has. An engine accepts policies of its
+own version only, so a plugin newer than its daemon runs stock until the daemon is upgraded.
+
+Version 2 added ``plugin_version`` (the plugin's package version) to both reports. A version-1 decoder ignores map
+keys it does not know (msgspec's default for structs that are not ``array_like``), so what was added to a map
+struct reads as absent there; fields added to a policy since a peer's version are left out by ``for_version``
+(``_ADDED``).
 """
 
 from __future__ import annotations
@@ -13,7 +23,8 @@ from typing import Any
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+ACCEPTED_VERSIONS = (PROTOCOL_VERSION - 1, PROTOCOL_VERSION)  # what the daemon takes from engines and the CLI
 MAX_SEQ = 1 << 53  # a report's seq counts iterations: beyond this it is not a counter (and not exact as a float)
 MAX_PD_INTERVAL = 1024  # decode steps between prefills a policy may ask for (sglang's own flag has no bound)
 
@@ -57,6 +68,7 @@ class IterationReport(msgspec.Struct, frozen=True, tag="it", kw_only=True, gc=Fa
     v: int = PROTOCOL_VERSION
     engine_id: str
     instance: str = ""  # the reporting process (a random token per link): two processes, one id → refused
+    plugin_version: str = ""  # the reporting plugin's package version (set by the link; version 2 on)
     seq: int
     wall_time: float  # engine's wall clock, seconds since the epoch
     forward_s: float  # duration of the forward pass (or the iteration, if that is all it knows)
@@ -174,6 +186,7 @@ class DispatchReport(msgspec.Struct, frozen=True, tag="dispatch_report", kw_only
     v: int = PROTOCOL_VERSION
     engine_id: str  # the dispatcher's id
     instance: str = ""
+    plugin_version: str = ""  # version 2 on
     seq: int = 0
     wall_time: float = 0.0
     state: str = "stock"  # "sbs": holding and releasing; "stock": sglang's own dispatch; "failed": plugin off
@@ -232,6 +245,22 @@ _decoders[Telemetry] = msgspec.msgpack.Decoder(Telemetry)
 
 def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
+
+
+# The fields each version added to the messages the daemon sends (a peer of an older version gets none of them).
+_ADDED: dict[int, dict[type, tuple[str, ...]]] = {2: {Policy: (), DispatchPolicy: (), ControlReply: ()}}
+
+
+def for_version(msg: Policy | DispatchPolicy | ControlReply, v: int) -> Policy | DispatchPolicy | ControlReply:
+    """``msg`` as a peer of protocol version ``v`` (one of ``ACCEPTED_VERSIONS``) decodes it: ``v`` set, and the
+    fields added after ``v`` back at their defaults, which the encoder still writes but an older decoder ignores
+    (an unknown map key). Any other ``v``: ``msg`` unchanged (this side's own version)."""
+    if v == PROTOCOL_VERSION or v not in ACCEPTED_VERSIONS:
+        return msg
+    added = [f for later in range(v + 1, PROTOCOL_VERSION + 1) for f in _ADDED.get(later, {}).get(type(msg), ())]
+    defaults = {f.name: f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+                for f in msgspec.structs.fields(type(msg)) if f.name in added}
+    return msgspec.structs.replace(msg, v=v, **defaults)
 
 
 def _finite_nonneg(name: str, x: float) -> None:
@@ -308,33 +337,39 @@ _VALIDATORS = {IterationReport: _validate_report, Policy: _validate_policy, Disp
                DispatchReport: _validate_dispatch_report, Telemetry: _validate_telemetry}
 
 
-def decode(data: bytes, kind: Any) -> Any:
-    """Decode and validate one frame as ``kind`` (a message type, or ``Telemetry``: either report); raise
-    ProtocolError on anything wrong."""
+def decode(data: bytes, kind: Any, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> Any:
+    """Decode and validate one frame as ``kind`` (a message type, or ``Telemetry``: either report) of one of
+    ``versions``; raise ProtocolError on anything wrong (a version outside them: "protocol version N ...")."""
     try:
         msg = _decoders[kind].decode(data)
     except Exception as e:  # msgspec's errors, and whatever else a hostile frame can provoke: never past here
         # A frame of a newer (or older) version may not even fit the struct: say which version it was.
-        v = _peek_version(data)
-        if v is not None and v != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {v} (this side speaks {PROTOCOL_VERSION})") from e
+        v = peek(data)[0]
+        if v is not None and v not in versions:
+            raise ProtocolError(f"protocol version {v} (this side speaks {_speaks(versions)})") from e
         raise ProtocolError(f"malformed {getattr(kind, '__name__', 'telemetry frame')}: {e}") from e
-    if msg.v != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {msg.v} (this side speaks {PROTOCOL_VERSION})")
+    if msg.v not in versions:
+        raise ProtocolError(f"protocol version {msg.v} (this side speaks {_speaks(versions)})")
     validate = _VALIDATORS.get(kind)
     if validate is not None:
         validate(msg)
     return msg
 
 
-def _peek_version(data: bytes) -> int | None:
-    """The ``v`` of a frame that does not fit its struct, if it is a map with an int ``v``. Anything the
-    untyped decoder raises means "no version" (invalid UTF-8 in a key raises ``UnicodeDecodeError``, not
-    ``DecodeError``)."""
+def _speaks(versions: tuple[int, ...]) -> str:
+    return " and ".join(map(str, versions))
+
+
+def peek(data: bytes | memoryview) -> tuple[int | None, str | None]:
+    """The ``v`` and ``engine_id`` of a frame, whatever its version, if it is a map with an int ``v`` (and a
+    string ``engine_id``); None for what is missing. Anything the untyped decoder raises means neither (invalid
+    UTF-8 in a key raises ``UnicodeDecodeError``, not ``DecodeError``)."""
     try:
         obj = msgspec.msgpack.decode(data)
     except Exception:
-        return None
-    v = obj.get("v") if isinstance(obj, dict) else None
-    return v if isinstance(v, int) else None
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    v, eid = obj.get("v"), obj.get("engine_id")
+    return (v if type(v) is int else None), (eid if isinstance(eid, str) else None)
 

@@ -33,7 +33,7 @@ from ebctl.controller import DEFAULT_COSTS
 from ebctl.daemon.dispatch import DispatchSide
 from ebctl.daemon.records import Counters, Engine
 from ebctl.model import Costs
-from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Estimates
+from ebctl.protocol import ACCEPTED_VERSIONS, PROTOCOL_VERSION, ControlReply, Estimates
 
 log = logging.getLogger("ebctl.daemon")
 
@@ -97,6 +97,8 @@ def _engine_status(eng: Engine, mono: float, gone_s: float) -> dict[str, Any]:
             "seq_jumps": eng.seq_jumps, "replayed_reports": eng.replayed,
             "duplicate_reports": eng.duplicates, "last_report_age_s": mono - eng.last_report,
             "last_update_age_s": mono - eng.last_update, "published_version": eng.published,
+            "plugin_protocol": eng.protocol, "plugin_version": eng.plugin_version,
+            "applied_version": eng.recent[-1].policy_version if eng.recent else -1,
             "gone": fleet.gone(mono - eng.last_report, gone_s)}
 
 
@@ -153,11 +155,14 @@ class Settings:
 class ControlOps:
     """The control ops, one method each (``status``, ``tune``, ``reload``, ``calibrate``, ``config``,
     ``shutdown``), over the records they are given; ``restarts``: how many times a supervisor (``ebctl start``)
-    restarted the daemon; ``stop``: stops the daemon (``shutdown``)."""
+    restarted the daemon; ``stop``: stops the daemon (``shutdown``); ``newer``: the engines refused for a newer
+    protocol version (id → (version, monotonic time of the last report)), shown in status."""
 
     def __init__(self, settings: Settings, engines: dict[str, Engine], dispatch: DispatchSide, counters: Counters,
-                 *, restarts: int, stop: Callable[[], None]) -> None:
+                 *, restarts: int, stop: Callable[[], None], newer: dict[str, tuple[int, float]] | None = None
+                 ) -> None:
         self.settings, self.engines, self.dispatch, self.counters = settings, engines, dispatch, counters
+        self.newer = {} if newer is None else newer
         self.restarts, self._stop_daemon = restarts, stop
         self.started = time.monotonic()
         self.last_reload: dict[str, Any] = {}  # the last reload's outcome, for status
@@ -172,6 +177,9 @@ class ControlOps:
                   "endpoints": {w: cfg.endpoint(w) for w in security.ENDPOINTS},
                   "metrics": f"http://{d.metrics_host}:{d.metrics_port}/metrics" if d.metrics_port else "",
                   "counters": dataclasses.asdict(self.counters), "engines": len(self.engines),
+                  "accepts_protocols": list(ACCEPTED_VERSIONS),
+                  "newer_plugins": {eid: {"protocol": v, "last_report_age_s": mono - t}
+                                    for eid, (v, t) in self.newer.items()},
                   "restarts": self.restarts, "tuned": dict(self.settings.tuned), "last_reload": dict(self.last_reload),
                   "warnings": self.warnings(),
                   "bounds": {k: getattr(d, k) for k in ("max_engines", "max_string", "max_finished", "recent_bytes",

@@ -46,7 +46,9 @@ from ebctl.daemon.records import RECENT_REPORTS, SEQ_JUMP, Counters, Engine
 from ebctl.daemon.shell import Shell
 from ebctl.link import reject_reason, topic
 from ebctl.protocol import (
+    ACCEPTED_VERSIONS,
     CONTROL_OPS,
+    PROTOCOL_VERSION,
     ControlReply,
     ControlRequest,
     DispatchReport,
@@ -54,6 +56,8 @@ from ebctl.protocol import (
     ProtocolError,
     Telemetry,
     decode,
+    for_version,
+    peek,
 )
 
 log = logging.getLogger("ebctl.daemon")
@@ -74,12 +78,13 @@ class Daemon:
         self.engines: dict[str, Engine] = {}
         self.dispatch = DispatchSide(window=cfg.dispatch.fwd_window)  # SBS: T̄_fwd per rank, the DP controllers
         self.counters = Counters()
+        self.newer: dict[str, tuple[int, float]] = {}  # engines refused for a newer protocol: id → (version, mono)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(metrics.DaemonCollector(self.engines, self.dispatch, self.counters, restarts,
                                                        lambda: self.settings.cfg.daemon))
         self._stop = threading.Event()
         self.control = ControlOps(self.settings, self.engines, self.dispatch, self.counters, restarts=restarts,
-                                  stop=self.stop)
+                                  stop=self.stop, newer=self.newer)
         c = self.control
         self._ops: dict[str, Callable[[dict[str, Any], float], ControlReply]] = {
             "status": c.status, "tune": c.tune, "reload": c.reload, "calibrate": c.calibrate, "config": c.config,
@@ -129,9 +134,10 @@ class Daemon:
         self.counters.frames += 1
         lim = self.settings.cfg.daemon
         try:
-            r: IterationReport | DispatchReport = decode(frame, Telemetry)
+            r: IterationReport | DispatchReport = decode(frame, Telemetry, ACCEPTED_VERSIONS)
         except ProtocolError as e:
             self._reject(self.counters.rejected, e, "report")
+            self._note_newer(frame, mono)
             return None
         if type(r) is DispatchReport:
             if (fault := bounds.dispatch_report_fault(r, lim)) is not None:
@@ -166,6 +172,7 @@ class Daemon:
             else:
                 eng.seq_gaps += r.seq - eng.last_seq - 1
         eng.last_seq, eng.last_report = r.seq, mono
+        eng.protocol, eng.plugin_version = r.v, r.plugin_version
         self.dispatch.forward(r)
         self._keep(eng, r)
         try:
@@ -176,6 +183,20 @@ class Daemon:
             log.exception("controller of engine %r failed on a report", r.engine_id)
             return None
         return eng if version != eng.published else None
+
+    def _note_newer(self, frame: bytes, mono: float) -> None:
+        """A report refused for a protocol version newer than this daemon's: keep its engine id (within
+        ``daemon.max_engines`` ids) so that the shell sends it a stock policy of this daemon's version, which
+        the plugin refuses, saying once which versions it and the daemon speak (docs/upgrade.md)."""
+        v, engine_id = peek(frame)
+        if (v is None or v <= PROTOCOL_VERSION or not engine_id or "\0" in engine_id or len(engine_id) > 128
+                or (engine_id not in self.newer and len(self.newer) >= self.settings.cfg.daemon.max_engines)):
+            return
+        first = engine_id not in self.newer
+        self.newer[engine_id] = (v, mono)
+        if first:
+            log.warning("engine %r reports in protocol version %d, newer than this daemon's %d: it runs stock "
+                        "until the daemon is upgraded", engine_id, v, PROTOCOL_VERSION)
 
     def _keep(self, eng: Engine, r: IterationReport) -> None:
         """Keep ``r`` (without its finished list) among the engine's recent reports, within RECENT_REPORTS and
@@ -236,12 +257,16 @@ class Daemon:
         try:
             if len(frames) != 1:
                 raise ProtocolError(f"malformed ControlRequest: {len(frames)} frames, expected 1")
-            req: ControlRequest = decode(frames[0], ControlRequest)
+            req: ControlRequest = decode(frames[0], ControlRequest, ACCEPTED_VERSIONS)
         except ProtocolError as e:
             c.control_errors += 1
             c.control_refused += 1
             self._reject(c.control_rejected, e, "control request")
             return ControlReply(ok=False, error=f"bad request: {e}")
+        return for_version(self._control_op(req, now), req.v)  # the reply in the client's protocol version
+
+    def _control_op(self, req: ControlRequest, now: float) -> ControlReply:
+        c = self.counters
         op = self._ops.get(req.op)
         if op is None:
             c.control_errors += 1

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from ebctl.controller import Controller
+from ebctl.protocol import PROTOCOL_VERSION
 
 # ZeroMQ monitor events counted as failed handshakes, by kind
 HANDSHAKE_EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
@@ -39,6 +40,8 @@ class Engine:
     recent: deque = field(default_factory=deque)  # IterationReports without their finished lists, in order
     recent_bytes: int = 0  # bounds.kept_bytes of what ``recent`` holds
     duplicates: int = 0  # reports refused from another process claiming this engine id
+    protocol: int = PROTOCOL_VERSION  # the protocol version of its last report: its policies go out in it
+    plugin_version: str = ""  # the plugin's package version its last report said ("" before protocol 2)
 
 
 @dataclass(slots=True)

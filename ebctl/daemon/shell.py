@@ -30,7 +30,7 @@ from ebctl.config import Config, ConfigError
 from ebctl.daemon.control import preflight
 from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Counters, Engine
-from ebctl.protocol import ControlReply, Mode, encode
+from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Mode, Policy, encode, for_version
 
 log = logging.getLogger("ebctl.daemon")
 
@@ -44,6 +44,7 @@ class Core(Protocol):
     """The socket-free daemon the shell serves (``core.Daemon``)."""
 
     engines: dict[str, Engine]
+    newer: dict[str, tuple[int, float]]  # engines reporting in a newer protocol version: id → (version, mono)
     dispatch: DispatchSide
     counters: Counters
     registry: CollectorRegistry
@@ -260,7 +261,7 @@ class Shell:
             pol = msgspec.structs.replace(pol, mode=Mode.OFF, k=1, n_max=1, kv_reserve_frac=0.0, pd_interval=0,
                                           reason=f"stock: the daemon refused its own policy ({fault})")
         try:
-            frame = eng.topic + encode(pol)
+            frame = eng.topic + encode(for_version(pol, eng.protocol))  # in the version the engine speaks
         except (TypeError, msgspec.EncodeError):
             c.publish_errors += 1
             log.exception("cannot encode the policy of %r", ctl.engine_id)
@@ -278,7 +279,7 @@ class Shell:
         old = rec.policy.version if rec.policy is not None else None
         try:
             pol = self.core.dispatch.policy(rec, self.core.cfg, now)
-            frame = rec.topic + encode(pol)
+            frame = rec.topic + encode(for_version(pol, rec.report.v if rec.report is not None else PROTOCOL_VERSION))
         except (TypeError, ValueError, msgspec.EncodeError):
             c.publish_errors += 1
             log.exception("cannot encode the dispatch policy of %r", rec.dispatcher_id)
@@ -302,8 +303,23 @@ class Shell:
     def _republish(self, now: float, mono: float) -> None:
         for eng in self.core.engines.values():
             self._publish(eng, now, mono)
+        self._publish_newer(now, mono)
         for rec in self.core.dispatch.dispatchers.values():  # T̄_fwd moves with every report: refreshed here
             self._publish_dispatch(rec, now, mono)
+
+    def _publish_newer(self, now: float, mono: float) -> None:
+        """A stock policy of this daemon's version to each engine whose reports are of a newer version: the
+        plugin refuses it and says once why it runs stock. An engine silent for ``daemon.engine_gone_s`` is
+        forgotten."""
+        newer, cfg = self.core.newer, self.core.cfg
+        for engine_id, (v, last) in list(newer.items()):
+            if mono - last > cfg.daemon.engine_gone_s:
+                del newer[engine_id]
+                continue
+            pol = Policy(engine_id=engine_id, issued_at=now, ttl_s=cfg.controller.ttl_s, mode=Mode.OFF,
+                         reason=f"stock: the plugin speaks protocol {v}, this daemon {PROTOCOL_VERSION}")
+            self._pub.send(engine_id.encode() + b"\0" + encode(pol))
+            self.core.counters.republished += 1
 
     def _count_handshake(self, monitor: zmq.Socket) -> None:
         try:

@@ -13,6 +13,7 @@ from ebd_helpers import report, scaled, wait_for
 
 from ebctl.link import ControlClient, DaemonUnreachable, EngineLink, topic
 from ebctl.protocol import (
+    PROTOCOL_VERSION,
     BatchKind,
     ControlReply,
     ControlRequest,
@@ -120,7 +121,7 @@ def test_bad_policy_frames_are_counted_and_ignored(tmp, pub):
     wait_for(lambda: (p := link.policy(time.monotonic())) and p.version == 3, what="v3")
     before = link.stats()["rejected"]
     pub.send(topic("e0") + b"\x93\x01garbage")  # not msgpack of a Policy
-    pub.send(topic("e0") + encode(msgspec.structs.replace(good, v=2, version=4)))  # another protocol version
+    pub.send(topic("e0") + encode(msgspec.structs.replace(good, v=PROTOCOL_VERSION + 1, version=4)))  # another version
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, k=0, version=5)))  # k >= 1 violated
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, pd_interval=-1, version=7)))  # pd_interval >= 0
     pub.send(topic("e0") + encode(msgspec.structs.replace(good, pd_interval=1025, version=8)))  # <= 1024
@@ -267,7 +268,8 @@ def test_a_report_that_cannot_be_encoded_is_dropped_and_never_wedges_the_queue(t
         assert link.report(good)
         frame = pull.recv() if pull.poll(int(scaled(5) * 1000)) else None
         assert frame is not None, "the good report never arrived: a bad one wedged the queue"
-        assert decode(frame, IterationReport) == msgspec.structs.replace(good, instance=link.instance)
+        assert decode(frame, IterationReport) == msgspec.structs.replace(good, instance=link.instance,
+                                                                       plugin_version=link.plugin_version)
         assert len(link.instance) == 8
         s = link.stats()
         assert (s["sent"], s["dropped"], s["unencodable"]) == (1, 1, 1), s
@@ -300,8 +302,8 @@ def test_garbage_policy_frames_are_dropped_and_counted_and_the_next_good_one_app
         encode(good)[:-1],  # cut short
         encode(good) + b"\x00",  # trailing data
         b"\x91" * 5000 + b"\xc0",  # nested 5000 deep
-        msgspec.msgpack.encode({"type": "policy", "v": 2, "k": "x"}),  # another version that does not fit
-        msgspec.msgpack.encode({"type": "policy", "v": 1, "engine_id": "e0", "k": 0}),  # k >= 1 violated
+        msgspec.msgpack.encode({"type": "policy", "v": PROTOCOL_VERSION + 1, "k": "x"}),  # another version, unfit
+        msgspec.msgpack.encode({"type": "policy", "v": PROTOCOL_VERSION, "engine_id": "e0", "k": 0}),  # k >= 1
     ]
     before = _rejected(link)
     for frame in crafted:
