@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import msgspec
-import zmq
 import numpy as np
+import zmq
 from ebd_helpers import finished, report, scaled, wait_for
 
 from ebctl.link import EngineLink
