@@ -10,9 +10,9 @@ and prints; it decides nothing.
 Modules, each importing only those listed before it: ``interrupt`` (Ctrl-C, from the first import on),
 ``view`` (printing: JSON, tables), ``common`` (the Typer app, global options, the ``command`` decorator,
 control requests), ``supervisor`` (``start``'s process groups), ``run`` (``daemon``, ``start``), ``control``
-(``status``, ``tune``, ``reload``, ``config``), ``local`` (``profiles``, ``keygen``, ``simulate``). This
-package imports the last three so that their commands register on ``app`` in that order; the console script
-is ``ebctl.cli:app``.
+(``status``, ``tune``, ``reload``, ``config``), ``local`` (``profiles``, ``keygen``, ``simulate``), ``ab`` (the A/B
+on the user's server, ``ebctl.ab``). This package imports the last four so that their commands register on ``app``
+in that order; the console script is ``ebctl.cli:app``.
 """
 
 from ebctl.cli.interrupt import ends_quietly
@@ -22,6 +22,7 @@ with ends_quietly():  # the console script imports this before it runs anything:
     # isort: off
     from ebctl.cli import run  # noqa: F401
     from ebctl.cli import control, local  # noqa: F401
+    from ebctl.cli import ab  # noqa: F401
     # isort: on
     from ebctl.cli.common import app
 
