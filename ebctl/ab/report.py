@@ -100,6 +100,8 @@ def run_line(rnd: int, runs: int, run: dict[str, Any], width: int) -> str:
             f"{s['in_flight_at_end']} in flight at the end ({s['completed_in_drain']} completed in the drain, "
             f"{s['unfinished']} unfinished), client CPU {run['client_cpu_s'] / run['client_wall_s']:.1%}, "
             f"ready in {run['ready_s']:.0f} s")
+    if "arrival_rate" in run:
+        line += f", sent {run['arrival_rate']:.2f} requests/s"
     if run.get("cpu_s"):
         line += " | CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["cpu_s"].items(), key=lambda x: -x[1]))
     if run.get("scheduler_threads"):

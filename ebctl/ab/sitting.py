@@ -239,6 +239,8 @@ def sit(plan: Plan, out: Path | None) -> tuple[list[dict[str, Any]], bool]:
                 except Interrupted as e:
                     e.run["round"] = rnd
                     runs.append(e.run)
+                    progress.done()
+                    print(report.run_line(rnd, st["runs"], e.run, width) + " (interrupted)", flush=True)
                     raise
                 finally:
                     progress.done()
