@@ -1,5 +1,5 @@
-"""tools/ab_pool.py: runs paired with the baseline's of the same round, pooled over sittings by a cluster
-bootstrap; expected values worked by hand. No server."""
+"""ebctl.ab.pool and tools/ab_pool.py: runs paired with the baseline's of the same round, pooled over sittings by a
+cluster bootstrap; expected values worked by hand. No server."""
 
 import json
 import math
@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from tools_module import tool
+
+from ebctl.ab import pool as pool_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def pool():
-    with tool("ab_pool") as module:
-        yield module
-    sys.modules.pop("ab_real", None)  # imported by ab_pool from tools/
+    return pool_module
 
 
 def test_a_run_is_paired_with_the_baseline_of_its_own_round(pool):
