@@ -34,7 +34,10 @@ from ebctl.ab.stats import HIST_S, add_tokens, stream_summary
 
 
 def token_ids(spec: dict[str, Any]) -> list[int]:
-    """The ids a prompt may use: ``ids`` = [low, high) less ``exclude`` (the tokenizer's special ids)."""
+    """The ids a prompt may use: ``token_ids`` as listed, or ``ids`` = [low, high) less ``exclude`` (the
+    tokenizer's special ids)."""
+    if "token_ids" in spec:
+        return list(spec["token_ids"])
     lo, hi = spec["ids"]
     skip = set(spec.get("exclude") or ())
     return [i for i in range(lo, hi) if i not in skip]
