@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from ebctl import fleet
 from ebctl.protocol import DispatchPolicy, DispatchReport, RankDispatch
 from sglang_patch.fault import Fault, parse
+from sglang_patch.tracefile import TraceFile
 
 log = logging.getLogger("ebctl.sglang")
 
@@ -89,7 +90,7 @@ def arm(ctl: Any) -> Armed:
     try:
         trace = None
         if cfg.engine.trace_dir:  # line-buffered: a test reads it while the server runs
-            trace = open(os.path.join(cfg.engine.trace_dir, "dispatch.jsonl"), "a", buffering=1)  # noqa: SIM115
+            trace = TraceFile(os.path.join(cfg.engine.trace_dir, "dispatch.jsonl"))
     except BaseException:
         link.close()
         raise

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from ebctl import fleet
 from sglang_patch import group_fault, reading
 from sglang_patch.fault import Fault, parse
+from sglang_patch.tracefile import TraceFile
 
 log = logging.getLogger("ebctl.sglang")
 
@@ -113,7 +114,7 @@ def start(sched: Any) -> Started:
             link = EngineLink.from_config(cfg, s.engine_id, max_running=s.max_running)
         if cfg.engine.trace_dir:  # line-buffered: a test reads it while the server runs
             path = os.path.join(cfg.engine.trace_dir, f"trace.dp{where.dp}.r{where.rank}.jsonl")
-            trace = open(path, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
+            trace = TraceFile(path)
     except BaseException:
         close(link, inbox, None)
         raise
@@ -211,6 +212,7 @@ def status(st: Any, sched: Any) -> dict[str, Any]:
         "defers": st.defers, "capped": st.capped, "chunk_alone": st.chunk_alone,
         "mixed_steps": st.mixed_steps, "gate_reasons": {str(r): c for r, c in st.gate.counts.items() if c},
         "link": st.link.stats() if st.link is not None and st.on else None,
+        "trace": None if st.trace is None else (st.trace.stopped or "writing"),
         "hook_ns": {"iterations": n, "p50": ns[n // 2] if n else None,
                     "p99": ns[min(n - 1, (99 * n) // 100)] if n else None, "max": ns[-1] if n else None},
     }

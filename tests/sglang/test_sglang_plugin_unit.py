@@ -21,6 +21,7 @@ from ebctl.protocol import Mode, Policy
 from sglang_patch import hooks, lifecycle, reading, state
 from sglang_patch.fault import Fault
 from sglang_patch.state import PluginState
+from sglang_patch.tracefile import TraceFile
 
 
 @pytest.fixture
@@ -85,23 +86,20 @@ def test_defer_prefill_keeps_a_stock_deferral(st):
     assert hooks.defer_prefill(Original(True), sched, batch([req()] * 2)) is True  # --prefill-decode-interval
 
 
-class BrokenTrace:
-    """An engine.trace_dir file whose disk is full."""
-
-    def write(self, line: str) -> int:
-        raise OSError(28, "No space left on device")
-
-
-def test_a_trace_write_that_fails_leaves_the_scheduler_serving(st, caplog):
-    """The stock path's trace line, and the farewell line ``fail`` writes from inside an except block: neither
-    may raise into sglang; the hook returns stock's answer and the plugin goes off, once."""
-    st.trace = BrokenTrace()
+def test_a_full_trace_disk_stops_the_trace_not_the_plugin(st, caplog):
+    """engine.trace_dir on a full filesystem (/dev/full: every write is ENOSPC): the trace stops, said once,
+    and the hooks go on steering; a diagnosis file must not cost the server its policy."""
+    st.link.p = eb()
+    st.trace = TraceFile("/dev/full")
     sched = Sched()
-    with caplog.at_level(logging.ERROR, logger="ebctl.sglang"):
-        assert hooks.defer_prefill(Original(True), sched, batch([req()] * 2)) is True
-        assert hooks.defer_prefill(Original(False), sched, batch([req()] * 2)) is False
-    assert not st.on and st.error == "exception in hook defer_prefill"
-    assert sum("is now OFF" in r.getMessage() for r in caplog.records) == 1
+    with caplog.at_level(logging.WARNING, logger="ebctl"):
+        hooks.next_batch(Original(SimpleNamespace(batch_to_run=None, running_batch=sched.running_batch)), sched)
+        assert hooks.defer_prefill(Original(False), sched, batch([req()] * 6)) is True  # 2 free < k = 4: held
+        assert hooks.defer_prefill(Original(False), sched, batch([req()] * 4)) is False  # k free: refill
+    assert st.on and not st.error
+    assert "No space left on device" in st.trace.stopped
+    assert sum("trace /dev/full stopped" in r.getMessage() for r in caplog.records) == 1
+    assert not any("is now OFF" in r.getMessage() for r in caplog.records)
 
 
 def test_eb_defers_below_k_free_slots_and_caps_at_n_max(st):
