@@ -149,6 +149,15 @@ def start(
 
 
 _SERVER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# A plugin reports every scheduler step, and every 2 s when idle (sglang_patch.state.HEARTBEAT_S): an engine
+# silent longer than two beats and a margin is a server that died, not one that serves.
+SILENT_S = 5.0
+
+
+def _silent(st: dict) -> bool:
+    """An engine in the daemon's status that has not reported for ``SILENT_S`` (but is not yet shown gone)."""
+    age = st.get("last_report_age_s")
+    return isinstance(age, int | float) and age >= SILENT_S
 SGLANG_DEFAULT_PORT = 30000  # sglang 0.5.23 server_args.py: ServerArgs.port
 
 
@@ -199,11 +208,16 @@ def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float
         fail(f"ebctl start --join: the daemon refused status: {reply.error}", 1)
     else:
         node = str((reply.data.get("daemon") or {}).get("node") or "")
-        live = sorted(eid for eid, st in (reply.data.get("engines") or {}).items()
-                      if eid.startswith(fleet.server_prefix(node, name) + "/") and not st.get("gone"))
+        mine = {eid: st for eid, st in (reply.data.get("engines") or {}).items()
+                if eid.startswith(fleet.server_prefix(node, name) + "/") and not st.get("gone")}
+        live = sorted(eid for eid, st in mine.items() if not _silent(st))
         if live:
             fail(f"ebctl start --join: a server named {name!r} already reports to this daemon "
                  f"({', '.join(live)}); name this one with --server NAME", 1)
+        if mine:  # a server of this name that died (or was killed) moments ago: this one takes its place
+            say(f"ebctl start --join: the server named {name!r} has been silent for "
+                f"{min(st['last_report_age_s'] for st in mine.values()):.0f} s (not yet shown gone): taken for "
+                "dead, this one starts under its name")
     prefix = fleet.server_prefix(node, name)
     joined = cfg.with_updates({"engine.id_prefix": prefix})
     cfg_file = Path(cfg.daemon.runtime_dir) / f"join-{name}-{os.getpid()}.toml"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +19,9 @@ from ebd_helpers import EBCTL, ebctl, report, scaled, wait_for, write_config
 from test_security import free_ports
 
 from ebctl import fleet, security
+from ebctl.ab.procs import tree as ab_tree
 from ebctl.cli import fleet as cli_fleet
+from ebctl.cli import run
 from ebctl.config import Config, ConfigError
 from ebctl.link import EngineLink
 
@@ -93,11 +97,23 @@ def test_servers_join_one_node_daemon(tmp, spawn):
                  "both servers' engines")
         taken = ebctl("--config", str(d.cfg_path), "start", "--engine", "sim", "--join", "--server", "s1")
         assert taken.returncode == 1 and "a server named 's1' already reports" in taken.stderr
+        # s2 killed whole (its supervisor and engine: SIGKILL), restarted under its name before the daemon shows it
+        # gone (engine_gone_s 10 s): silent for more than two heartbeats, it is taken for dead, not refused
+        for pid in ab_tree(procs[1].pid):
+            os.kill(pid, signal.SIGKILL)
+        procs[1].wait(scaled(10))
+        wait_for(lambda: d.status()["engines"]["nodeA/s2/sim0"]["last_report_age_s"] >= run.SILENT_S, 30, "s2 silent")
+        assert not d.status()["engines"]["nodeA/s2/sim0"]["gone"]
+        procs[1] = subprocess.Popen([*base, "--server", "s2", "--", "--speed", "20"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: d.status()["engines"]["nodeA/s2/sim0"]["last_report_age_s"] < 1.0, 30,
+                 "the restarted s2 reporting under its old id")
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             assert p.wait(scaled(20)) == 0, p.stderr.read()
+    assert "has been silent for" in procs[1].stderr.read()
     lone = write_config(tmp / "b.toml", tmp / "rt-none")
     alone = subprocess.Popen([*EBCTL, "--config", str(lone), "start", "--engine", "sim", "--join", "--ready-timeout",
                               "0.5", "--server", "s9", "--", "--speed", "20"], stdout=subprocess.PIPE,
