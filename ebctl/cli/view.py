@@ -426,8 +426,26 @@ def slo_text(st: dict[str, Any]) -> str:
             f"{share('tpot_attainment')}) · goodput {num(slo.get('goodput_tok_s'))} tok/s")
 
 
-def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
-    """One engine in ~9 rows of at most 80 columns: policy, threshold, hazard fit, costs, why."""
+def plugin_text(st: dict[str, Any], daemon_protocol: Any = None) -> tuple[str, str]:
+    """The engine's plugin as the ``plugin`` row shows it: its package version and wire protocol (an older one
+    than the daemon's said so: it is served in its own version until its server restarts, docs/upgrade.md), then
+    its gate's decisions by reason. Returns (text, style)."""
+    parts, style = [], ""
+    version, proto = st.get("plugin_version"), st.get("plugin_protocol")
+    if version or isinstance(proto, int):
+        parts.append(f"{'v' + str(version) if version else 'version unknown'}"
+                     + (f" (protocol {proto})" if isinstance(proto, int) else ""))
+        if isinstance(proto, int) and isinstance(daemon_protocol, int) and proto < daemon_protocol:
+            parts[-1] = parts[-1][:-1] + f", older than the daemon's {daemon_protocol})"
+            style = "yellow"
+    gate = st.get("gate_reasons")
+    if isinstance(gate, dict) and gate:
+        parts.append("gate " + " · ".join(f"{k} {num(v)}" for k, v in gate.items()))
+    return " · ".join(parts), style
+
+
+def engine_block(engine_id: str, st: dict[str, Any], daemon_protocol: Any = None) -> Group:
+    """One engine in ~9 rows of at most 80 columns: policy, threshold, hazard fit, costs, the plugin, why."""
     from rich.console import Group
 
     head = _line(("engine ", "bold"), (engine_id, "bold cyan"))
@@ -459,9 +477,9 @@ def engine_block(engine_id: str, st: dict[str, Any]) -> Group:
     rows: list[Any] = [head, *helps, _grid(cells),
                        _line(("  costs ", "cyan"), _costs_text(st)),
                        _line(("  fits  ", "cyan"), _fits_text(st.get("cost_fits")))]
-    gate = st.get("gate_reasons")
-    if isinstance(gate, dict) and gate:
-        rows.append(_line(("  gate  ", "cyan"), " · ".join(f"{k} {num(v)}" for k, v in gate.items())))
+    plugin, style = plugin_text(st, daemon_protocol)
+    if plugin:
+        rows.append(_line(("  plugin ", "cyan"), plugin, style=style))
     why = _line(("  why   ", "cyan"), decision_text(st))
     if _finite(st.get("eb_lhs")):
         why.append(f" · Eq. 8: {num(st['eb_lhs'])} vs {num(st.get('eb_rhs'))}")
@@ -545,7 +563,9 @@ LEGEND = (
               "built-in defaults or a profile until this engine's own fits are usable, then fitted online"),
     ("fits", "the online cost fits per batch kind, by held-out median error: ✓ in use, 'passed, not in use' "
              "(good, but the costs row says why they are not used yet), ✗ failed (with why), waiting (for data)"),
-    ("gate", "the engine's phase gate: its decisions by reason since the engine started"),
+    ("plugin", "the engine's plugin: its version and wire protocol (one older than the daemon's is served in its own "
+               "protocol until its server restarts), and its phase gate's decisions by reason since the engine "
+               "started"),
     ("why", "what the controller decided and the measurement behind it"),
 )
 
@@ -576,7 +596,7 @@ def explain_view(data: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-BLOCK_ROWS = 9  # an engine block's height at most (its gate row shows only once the gate has decided)
+BLOCK_ROWS = 9  # an engine block's height at most (its plugin row shows once the plugin has reported)
 
 
 def status_view(data: dict[str, Any], *, full: bool = False, height: int | None = None) -> Group:
@@ -598,7 +618,7 @@ def status_view(data: dict[str, Any], *, full: bool = False, height: int | None 
                                                "--engine ID shows one in full", style="dim")]
     else:
         for i, (eid, st) in enumerate(sorted(engines.items())):
-            parts += [*([""] if i else []), engine_block(eid, st)]
+            parts += [*([""] if i else []), engine_block(eid, st, (data.get("daemon") or {}).get("protocol"))]
     for did, st in sorted((data.get("dispatchers") or {}).items()):  # SBS in a DP controller: a few rows each
         parts += ["", *dispatcher_lines(did, st)]
     return Group(*parts)

@@ -181,19 +181,25 @@ class ControlOps:
                   "newer_plugins": {eid: {"protocol": v, "last_report_age_s": mono - t}
                                     for eid, (v, t) in self.newer.items()},
                   "restarts": self.restarts, "tuned": dict(self.settings.tuned), "last_reload": dict(self.last_reload),
-                  "warnings": self.warnings(),
+                  "warnings": self.warnings(mono),
                   "bounds": {k: getattr(d, k) for k in ("max_engines", "max_string", "max_finished", "recent_bytes",
                                                         "max_running_limit", "max_kv_tokens")}}
         engines = {eid: _engine_status(eng, mono, d.engine_gone_s) for eid, eng in self.engines.items()}
         return ControlReply(ok=True, data={"daemon": daemon, "engines": engines,
                                            "dispatchers": self.dispatch.status(mono)})
 
-    def warnings(self) -> list[str]:
-        """What an operator should fix in the set-up that runs, though the daemon serves."""
+    def warnings(self, mono: float | None = None) -> list[str]:
+        """What an operator should fix in the set-up that runs, though the daemon serves; at ``mono``, also the
+        engines whose plugin is newer than this daemon, refused within the last ``daemon.engine_gone_s``."""
         d, out = self.settings.cfg.daemon, []
         if d.metrics_port and not security.is_loopback(d.metrics_host) and not d.insecure:
             out.append(f"daemon.metrics_host={d.metrics_host!r}: the exporter (engine ids, policies, rates) is "
                        "reachable off this host; bind it to 127.0.0.1, or set daemon.insecure = true to mean it")
+        for eid, (v, seen) in sorted(self.newer.items()):
+            if mono is None or mono - seen > d.engine_gone_s:
+                continue
+            out.append(f"engine {eid!r} runs a plugin of protocol {v}, newer than this daemon's {PROTOCOL_VERSION}: "
+                       "its reports are refused and it runs stock; upgrade the daemon (docs/upgrade.md)")
         if self.last_reload and not self.last_reload["ok"]:
             out.append(f"the last reload ({self.last_reload['via']}) was refused, the running config stays: "
                        f"{self.last_reload['error']}")

@@ -144,6 +144,9 @@ def test_a_newer_plugin_runs_stock_and_says_so_once(spawn, tmp):
     st = d.status()
     assert "newer/dp0" not in st["engines"]
     assert st["daemon"]["newer_plugins"]["newer/dp0"]["protocol"] == PROTOCOL_VERSION + 1
+    assert [w for w in st["daemon"]["warnings"] if "'newer/dp0'" in w] == [
+        f"engine 'newer/dp0' runs a plugin of protocol {PROTOCOL_VERSION + 1}, newer than this daemon's "
+        f"{PROTOCOL_VERSION}: its reports are refused and it runs stock; upgrade the daemon (docs/upgrade.md)"]
     assert st["daemon"]["counters"]["rejected"]["version"] >= 100  # every report of it refused, counted
     assert d.log().count("newer than this daemon's") == 1
 

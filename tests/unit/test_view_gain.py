@@ -105,3 +105,15 @@ def test_explain_glosses_every_symbol_of_the_block_and_shows_the_reasons_whole()
     for symbol in ("θ̂0", "Δθ", "N̂*", "p̂0, η̂", "N_obs", "μ̂_L, μ̂_O", "KV res.", "helps", "fits"):
         assert symbol in text, symbol
     assert "the intercept is not identified at these batch sizes, and Eq. 3 needs it" in " ".join(text.split())
+
+
+def test_the_plugin_row_names_its_version_and_an_older_protocol():
+    from ebctl.cli.view import plugin_text
+
+    st = {"plugin_version": "0.1.0", "plugin_protocol": 2, "gate_reasons": {"threshold": 1200, "starvation": 3}}
+    assert plugin_text(st, 2) == ("v0.1.0 (protocol 2) · gate threshold 1,200 · starvation 3", "")
+    old = {"plugin_version": "0.0.9", "plugin_protocol": 1}
+    assert plugin_text(old, 2) == ("v0.0.9 (protocol 1, older than the daemon's 2)", "yellow")
+    assert plugin_text({"plugin_version": "", "plugin_protocol": 1}, 2)[0] == (
+        "version unknown (protocol 1, older than the daemon's 2)")  # a version-1 plugin does not say its version
+    assert plugin_text({}, 2) == ("", "")  # a block with nothing from the plugin has no plugin row
