@@ -7,7 +7,8 @@ Two loops (the spec's ``loop``):
 - ``closed``: ``concurrency`` requests always in flight until ``duration`` seconds have passed (each slot sends
   its next request when its last one ends); this measures the server saturated, whatever it is asked;
 - ``open``: a request at each of the spec's ``arrivals`` (seconds from the start: a Poisson process,
-  ``workloads.poisson_arrivals``), whether or not earlier ones have ended, as production traffic comes.
+  ``workloads.poisson_arrivals``), whether or not earlier ones have ended, as production traffic comes; a
+  request's ``t`` is when it arrived (its TTFT counts from then, the client's own delay in sending it included).
 
 Then it sends nothing more and waits (up to ``drain`` s) for what is in flight. Every request is a fresh random
 prompt (token ids drawn from the spec's ``ids``: the radix cache never skips a prefill), streamed (``"stream":
@@ -31,6 +32,8 @@ if __name__ == "__main__":  # run by path: the package beside it, whatever this 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ebctl.ab.stats import HIST_S, add_tokens, stream_summary
+
+SPIN_S = 0.002
 
 
 def token_ids(spec: dict[str, Any]) -> list[int]:
@@ -61,13 +64,14 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
 
-    async def one(session: aiohttp.ClientSession, sched: float | None = None) -> None:
+    async def one(session: aiohttp.ClientSession, sched: float | None = None, due: float | None = None) -> None:
         i = nxt[0] % len(pairs)
         nxt[0] += 1
         n_in, n_out = pairs[i]
         payload = {"input_ids": rng.choices(ids, k=n_in), "stream": True,
                    "sampling_params": {"max_new_tokens": n_out, "ignore_eos": True, "temperature": 0.0}}
-        rec: dict[str, Any] = {"pair": i, "in": n_in, "out": n_out, "t": time.perf_counter() - t0, "end": None,
+        t = time.perf_counter() - t0 if due is None else due  # the open loop's: when it arrived (TTFT counts from it)
+        rec: dict[str, Any] = {"pair": i, "in": n_in, "out": n_out, "t": t, "end": None,
                                "status": "unfinished", "err": None}
         if sched is not None:
             rec["sched"] = round(sched, 5)
@@ -119,10 +123,11 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     async def arrivals(session: aiohttp.ClientSession) -> None:
         sent = []
         for t in spec["arrivals"]:
-            wait = t - (time.perf_counter() - t0)
-            if wait > 0:
-                await asyncio.sleep(wait)
-            sent.append(asyncio.ensure_future(one(session, t)))
+            while (wait := t - (time.perf_counter() - t0)) > 0:
+                # the event loop's timers are as coarse as a millisecond: the last 2 ms are spent yielding
+                # (sleep(0)), so that gaps under a millisecond are kept, as a Poisson process has them
+                await asyncio.sleep(wait - SPIN_S if wait > SPIN_S else 0)
+            sent.append(asyncio.ensure_future(one(session, t, time.perf_counter() - t0)))
         await asyncio.gather(*sent)
 
     stop = asyncio.Event()  # SIGTERM: the A/B was interrupted; what was measured so far is written
