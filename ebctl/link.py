@@ -8,12 +8,11 @@ down, restarted or never started: ZeroMQ reconnects in the background and nothin
 The engine's thread never touches a socket: ``report`` appends to a deque and ``policy`` pops from one.
 A small I/O thread owns both sockets; it waits on the policy socket in C (the GIL released) until a policy
 arrives or ``flush_s`` (``engine.report_flush_s``, 0.1 s) has passed, and then encodes and sends what was
-queued. Measured on a 2-vCPU VM, a ZeroMQ send right after a 10 ms idle period costs ~100 µs (it wakes
-ZeroMQ's own I/O thread from cold); a deque append costs well under a microsecond, which keeps the
-per-iteration hook inside its budget. Every wake of this thread takes the scheduler process's GIL from the
-thread that plans and runs batches, so it wakes rarely: on the real sglang CPU server a 5-ms flush gave
-0.871 [0.825, 0.921] of sglang's output with the controller off, a 0.1-s flush 0.974 [0.920, 1.034]
-(docs/ab-real.md). The daemon works on windows of seconds; a report 0.1 s late changes nothing there.
+queued. A ZeroMQ send after an idle period wakes ZeroMQ's own I/O thread from cold, and every wake of this
+thread takes the scheduler process's GIL from the thread that plans and runs batches, so the engine's thread
+only appends to a deque (well under a microsecond) and this thread wakes rarely; what each flush interval costs
+sglang is measured in docs/results/ab_real.md. The daemon works on windows of seconds; a report 0.1 s late
+changes nothing there.
 
 ``ControlClient`` is the CLI's request/reply client; a daemon that does not answer in time raises
 ``DaemonUnreachable`` and the socket is rebuilt (the "lazy pirate" pattern), so the client never wedges.
