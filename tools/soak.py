@@ -260,7 +260,8 @@ class Node:
         self.h, self.venv, self.model, self.work = h, venv, model, work
         self.rt = work / "rt"
         self.cfg = work / "ebctl.toml"
-        self.good = ("[daemon]\nrepublish_s = 1.0\n[controller]\nmode = \"eb\"\ncold_mode = \"eb\"\nttl_s = 5.0\n"
+        self.good = ("[daemon]\nrepublish_s = 1.0\n[controller]\nmode = \"eb\"\ntheta_method = \"paper\"\n"
+                     "cold_mode = \"eb\"\nttl_s = 5.0\n"
                      f"[engine]\ntrace_dir = \"{trace}\"\n")
         self.cfg.write_text(self.good)
         self.overlay = work / "overlay"  # on PYTHONPATH: ebctl -> this checkout's package, or the next version's
@@ -312,8 +313,30 @@ class Node:
                 raise TimeoutError(f"{name} did not serve within {timeout:.0f} s")
             time.sleep(1.0)
 
+    def recover(self) -> None:
+        """After a fault that failed midway: the overlay back on this version, s2 running again."""
+        self.swap(REPO / "ebctl")
+        p = self.procs.get("s2")
+        if p is None or p.poll() is not None:
+            with contextlib.suppress(Exception):
+                self.start("s2")
+
+    def wait_port_free(self, name: str, timeout: float = 30.0) -> None:
+        """Until nothing answers on ``name``'s port (a killed server's sockets are closed by the kernel)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"{self.urls[name]}/health", timeout=1) as r:
+                    r.read()
+            except OSError:  # refused (or reset): nothing listens there any more
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{name} still answers on its port {timeout:.0f} s after it was killed")
+
     def ebctl(self, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess:
-        env = {**self.env, "PYTHONPATH": self.env["PYTHONPATH"].replace(str(self.overlay) + os.pathsep, "")}
+        # this checkout's CLI, by --runtime-dir: not the config file, which the reload fault breaks on purpose
+        env = {k: v for k, v in self.env.items() if k != "EBCTL_CONFIG"}
+        env["PYTHONPATH"] = self.env["PYTHONPATH"].replace(str(self.overlay) + os.pathsep, "")
         return subprocess.run([sys.executable, "-m", "ebctl", "--runtime-dir", str(self.rt), *args],
                               capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
 
@@ -460,10 +483,16 @@ class Soak:
             rec["control_s"] = self.wait_control(back, pid)
         elif name == "reload":
             n.cfg.write_text(n.good + "[controller\nbroken = \n")
+            before = (((n.status() or {}).get("daemon") or {}).get("last_reload") or {}).get("at")
             os.kill(pid, signal.SIGHUP)
-            time.sleep(2)
-            last = ((n.status() or {}).get("daemon") or {}).get("last_reload") or {}
-            rec["bad_refused"] = last.get("ok") is False
+            end, last = time.monotonic() + 10, {}
+            while time.monotonic() < end:  # the daemon's loop takes the signal within its poll
+                last = ((n.status() or {}).get("daemon") or {}).get("last_reload") or {}
+                if last.get("at") != before:
+                    break
+                time.sleep(0.5)
+            rec["bad_refused"] = last.get("ok") is False and last.get("via") == "SIGHUP"
+            rec["bad_error"] = (last.get("error") or "")[:120]
             n.cfg.write_text(n.good)
             p = n.ebctl("reload")
             rec["good_ok"] = p.returncode == 0
@@ -481,10 +510,15 @@ class Soak:
             new, back = self.wait_daemon(pid)
             rec["control_s"] = self.wait_control(back, new)
         elif name == "tracefull":
+            if not self.a.trace_tmpfs:  # never dd a real disk full
+                raise RuntimeError("the trace directory is not a tmpfs (mounting one needs root): not filled")
             filler = Path(self.a.trace) / "filler"
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
             time.sleep(self.hold)
             full_ok = under_control(n.status(), 2)
+            plugs = {s: n.plugin(s) for s in n.urls}
+            rec["plugins_on"] = all(p.get("enabled") for p in plugs.values())
+            rec["traces"] = {s: p.get("trace") for s, p in plugs.items()}
             filler.unlink(missing_ok=True)
             for f in Path(self.a.trace).glob("trace.*"):  # what the plugins wrote: emptied for the next one
                 with contextlib.suppress(OSError):
@@ -495,8 +529,15 @@ class Soak:
             time.sleep(0.2)
             with self.client.lock:
                 rec["in_flight_killed"] = sorted(k for k, s in self.client.in_flight.items() if s == "s2")
-            os.killpg(n.procs["s2"].pid, signal.SIGKILL)
+            import ab_real
+
+            # the server dies whole (as the OOM killer or a node agent kills it): its supervisor and sglang, each
+            # in its own process group, and sglang's children
+            for p in ab_real.tree(n.procs["s2"].pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
             n.procs["s2"].wait(30)
+            n.wait_port_free("s2")
             rec["killed_at"] = time.time()
             t = time.monotonic()
             n.start("s2")
@@ -533,6 +574,9 @@ def checks(doc: dict[str, Any], leftovers: dict[int, str], quick: bool) -> list[
     counts = {f: sum(r["fault"] == f for r in faults) for f in FAULTS}
     out.append((all(c >= need for c in counts.values()),
                 f"every fault at least {need}x: " + ", ".join(f"{f} {c}" for f, c in counts.items())))
+    broken = [r for r in faults if r.get("error")]
+    out.append((not broken, f"faults injected and recovered from: {len(faults) - len(broken)} of {len(faults)}"
+                + (f"; first error ({broken[0]['fault']}): {broken[0]['error']}" if broken else "")))
     killed = {n for r in faults if r["fault"] == "server" for n in r.get("in_flight_killed", [])}
     failed = [r for r in reqs if not r["ok"]]
     lost = [r for r in failed if r["n"] not in killed]
@@ -557,6 +601,10 @@ def checks(doc: dict[str, Any], leftovers: dict[int, str], quick: bool) -> list[
     out.append((all(x is not None and x <= CONTROL_S for _, x in ctl),
                 f"policy under control after each daemon fault within {CONTROL_S:g} s: {len(ctl)} returns, worst "
                 f"{_fmt_s(worst)}; " + ", ".join(f"{f} {_fmt_s(x)}" for f, x in ctl)))
+    full = [r for r in faults if r["fault"] == "tracefull"]
+    out.append((all(r.get("controlled_while_full") and r.get("plugins_on") for r in full),
+                f"trace directory full: {len(full)}x, the plugins on and the policy under control while full "
+                f"({sum(bool(r.get('controlled_while_full')) for r in full)} of {len(full)})"))
     up = [r for r in faults if r["fault"] == "upgrade"]
     out.append((bool(up) and all(r.get("next_protocol") == doc["protocol"] + 1 and r.get("back_protocol") ==
                                  doc["protocol"] for r in up),
@@ -569,6 +617,56 @@ def checks(doc: dict[str, Any], leftovers: dict[int, str], quick: bool) -> list[
     out.append((not leftovers, f"no process of the soak left: {len(leftovers)} left"
                 + (f" ({list(leftovers.values())[:3]})" if leftovers else "")))
     return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else math.nan
+
+
+def report(doc: dict[str, Any], png: str | None) -> str:
+    """docs/results/soak.md: what was run, the faults with their recoveries, the checks as the run printed them,
+    and the picture."""
+    faults, samples = doc["faults"], doc["samples"]
+    env = doc.get("env") or {}
+    lines = ["# Soak under faults on the real SGLang CPU server", "",
+             f"Written by tools/soak.py from the record of `{doc['command']}`; code {env.get('commit', '?')}, "
+             f"{env.get('machine', '?')}, {env.get('date', '?')}.", "",
+             f"Two tiny-model servers under one node daemon (`ebctl start`, `ebctl start --join`), open-loop load at "
+             f"{doc['rate']:.1f} req/s (70% of the capacity a closed loop measured first), for "
+             f"{doc['duration_s'] / 60:.0f} minutes, seed {doc['seed']}; a fault every {doc.get('gap_s', 20):g} s "
+             "after the last one recovered, in a seeded order (each round every fault once).", "",
+             "| fault | times | recovery (control back, median / worst) | other |", "|---|---|---|---|"]
+    for f in FAULTS:
+        rs = [r for r in faults if r["fault"] == f]
+        ctl = [x for r in rs for k in ("control_s", "control_back_s") if isinstance(x := r.get(k), int | float)]
+        other = {"reload": lambda r: "bad refused" if r.get("bad_refused") else "bad NOT refused",
+                 "tune": lambda r: "ok" if r.get("ok") else "failed",
+                 "tracefull": lambda r: "plugins on" if r.get("plugins_on") else "a plugin OFF",
+                 "server": lambda r: f"restart {r.get('restart_s', math.nan):.0f} s",
+                 "upgrade": lambda r: f"protocol {r.get('next_protocol')} and back to {r.get('back_protocol')}"}.get(f)
+        notes = sorted({other(r) for r in rs}) if other else []
+        notes += [f"error: {r['error']}" for r in rs if r.get("error")]
+        rec = f"{_fmt_s(_median(ctl))} / {_fmt_s(max(ctl))}" if ctl else "—"
+        lines.append(f"| {f} | {len(rs)} | {rec} | {'; '.join(notes) or '—'} |")
+    lines += ["", "Checks (as the run printed them):", ""]
+    lines += [f"- {'PASS' if c['pass'] else 'FAIL'} {c['line']}" for c in doc["checks"]]
+    rss = [s["rss_mb"] for s in samples if isinstance(s.get("rss_mb"), int | float) and math.isfinite(s["rss_mb"])]
+    if rss:
+        lines += ["", f"Daemon RSS over the run: {min(rss):.0f}-{max(rss):.0f} MB over {len(samples)} samples "
+                      f"({doc.get('sample_s', 10):g} s apart); each daemon restart starts a new process."]
+    if png:
+        lines += ["", f"![RSS, fds, throughput and policy age over time, faults shaded]({Path(png).name})"]
+    return "\n".join(lines) + "\n"
+
+
+def _env() -> dict[str, str]:
+    import platform
+
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return {"commit": commit or "?", "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def picture(doc: dict[str, Any], path: Path) -> None:
@@ -630,8 +728,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", default=None)
     ap.add_argument("--venv", default=None)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--trace-mb", type=int, default=2, help="size of the trace directory's tmpfs (MB)")
+    ap.add_argument("--report", default=None, help="write a markdown report (docs/results/soak.md) here")
+    ap.add_argument("--from-json", default=None, help="no soak: the report and picture of this record")
+    ap.add_argument("--trace-mb", type=int, default=512,
+                    help="size of the trace directory's tmpfs (MB): the plugins' traces must not fill it before "
+                         "the tracefull fault does")
     a = ap.parse_args(argv)
+    if a.from_json:
+        doc = json.loads(Path(a.from_json).read_text())
+        if a.png:
+            picture(doc, Path(a.png))
+        if a.report:
+            Path(a.report).write_text(report(doc, a.png))
+        return 0 if all(c["pass"] for c in doc["checks"]) else 1
     if a.quick:
         a.gap, a.sample = min(a.gap, 3.0), min(a.sample, 5.0)
     import ab_real
@@ -651,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     trace.mkdir(exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={a.trace_mb}m", "tmpfs", str(trace)],
                              capture_output=True).returncode == 0
-    a.trace = str(trace)
+    a.trace, a.trace_tmpfs = str(trace), mounted
     order = schedule(a.seed, 1 if a.quick else 100)
     print(f"soak: work {work}, trace dir {trace} ({'tmpfs ' + str(a.trace_mb) + ' MB' if mounted else 'NOT a tmpfs'})"
           f", seed {a.seed}; fault schedule (one after another, {a.gap:g} s apart, until {a.duration:g} s): "
@@ -680,9 +789,14 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         time.sleep(a.gap)
         for name in order:
-            if soak.now() > a.duration - (5 if a.quick else 90):
+            if not a.quick and soak.now() > a.duration - 90:  # --quick: every fault once, however long
                 break
-            rec = soak.run_fault(name)
+            try:
+                rec = soak.run_fault(name)
+            except Exception as e:  # a fault the soak could not inject or recover from: recorded, the soak goes on
+                rec = {"fault": name, "t": soak.now(), "end": soak.now(), "error": f"{type(e).__name__}: {e}"[:300]}
+                soak.node.recover()
+                client.up["s2"] = soak.node.procs["s2"].poll() is None
             soak.faults.append(rec)
             print(f"[{rec['t']:7.0f}] {name}: " + ", ".join(f"{k}={_fmt_s(v) if k.endswith('_s') else v}"
                                                            for k, v in rec.items()
@@ -707,7 +821,8 @@ def main(argv: list[str] | None = None) -> int:
         if mounted:
             subprocess.run(["umount", "-l", str(trace)], capture_output=True)
     doc = {"command": " ".join(["python", "tools/soak.py", *(argv if argv is not None else sys.argv[1:])]),
-           "seed": a.seed, "duration_s": a.duration, "t0": t0, "protocol": _protocol(), "rate": client.rate,
+           "env": _env(), "gap_s": a.gap, "sample_s": a.sample, "seed": a.seed, "duration_s": a.duration, "t0": t0,
+           "protocol": _protocol(), "rate": client.rate,
            "faults": soak.faults, "samples": soak.samples,
            "requests": sorted(client.records, key=lambda r: r["n"]), "leftovers": leftovers}
     res = checks(doc, leftovers, a.quick)
@@ -723,6 +838,8 @@ def main(argv: list[str] | None = None) -> int:
         picture(doc, Path(a.png) if a.png else work / "soak.png")
     except ImportError:
         print("no matplotlib: no picture (pip install 'ebctl[soak]')", flush=True)
+    if a.report:
+        Path(a.report).write_text(report(doc, a.png))
     print(f"record {out_json}; exit {rc}", flush=True)
     return rc
 
