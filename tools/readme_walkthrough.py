@@ -2,8 +2,8 @@
 
     python tools/readme_walkthrough.py [--here] [--all] [--keep]
 
-Every command of the ```bash blocks of README.md and docs/*.md (``docs()``: not docs/results/, the tools' dated
-tables, nor docs/ab-real.md, the records of past runs) and every ``python tools/...`` / ``bash tools/...`` they
+Every command of the ```bash blocks of README.md and docs/*.md (``docs()``: not docs/results/, the tools' records
+and tables, nor the documents of ``NOT_WALKED``) and every ``python tools/...`` / ``bash tools/...`` they
 name is either run as written or skipped with its reason (``PLAN``); a command the docs gain without an entry
 here fails the walkthrough, and an entry no doc names fails its test, so the two stay in step. Long-running
 commands are bounded: ``ebctl start`` runs until the commands of a second shell are done (the CLI table's
@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW = "a benchmark of {s}; its figures are in docs/results/; --all runs it"
-NOT_WALKED = ("docs/ab-real.md",)  # the A/B's records of past runs: their commands are history, not instructions
+NOT_WALKED: tuple[str, ...] = ()  # documents under docs/ whose commands are history, not instructions (none now)
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,20 @@ PLAN: dict[str, Step] = {
     "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs alone,mfsd=4,ebctl --runs 2 "
     "--duration 480 --last 240":
         Step("skip", "the real sglang CPU server, six fresh servers of 8 minutes each (about an hour)"),
+    "pip install -e '.[sglang,plot]'": Step("skip", "needs a GPU node: sglang with its CUDA packages, several GB"),
+    "ebctl ab --configs alone,ebctl --runs 3 --duration 600 --last 300 --pool ab.jsonl -- --model-path "
+    "Qwen/Qwen3-8B --tp-size 1": Step("skip", "needs a GPU and Qwen3-8B, six fresh servers of 10 minutes each; "
+                                      "tests/unit/test_ab_standin.py runs the GPU path against a stand-in"),
+    "ebctl ab --cpu-demo --configs alone,ebctl --runs 2 --duration 120 --last 60": Step(
+        "skip", "the real sglang CPU server, four fresh servers of 2 minutes each (about 10 minutes); "
+                "tests/sglang/test_ab_cpu.py runs a short variant"),
+    "ebctl ab --cpu-demo --configs alone,ebctl --runs 2 --duration 120 --last 60 --rate 20": Step(
+        "skip", "the real sglang CPU server, four fresh servers of 2 minutes each (about 10 minutes)"),
+    "python tools/ab_pool.py --summary docs/results/ab_real.jsonl --report docs/results/ab_real.md": Step(
+        "run", timeout=120, expect="The A/B on the real server"),
+    "sudo /opt/ebctl/bin/pip install --upgrade 'ebctl[sglang]'": Step(
+        "skip", "upgrades an installed service (root, /opt/ebctl): docs/upgrade.md's procedure on a node"),
+    "sudo systemctl restart ebctl": Step("skip", "restarts the installed systemd service on a node"),
     "python tools/sim_cold.py": Step("run", timeout=1800, expect="worst default / best static", slow=True,
                                      why=SLOW.format(s="about 6 minutes of simulation")),
     "python tools/ab_real.py --server-args='--enable-mixed-chunk' --configs "
