@@ -190,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     settings.update(baseline=baseline, slo=list(slo) if slo else None)
     command = "ebctl ab " + shlex.join(sys.argv[2:] if argv is None else argv)
     port = int(serve_option(launch, "--port") or 0)
+    environment = device.environment(python)
+    if environment.get("sglang_found") is False:
+        ap.error(f"--python {python}: no sglang there; install ebctl with it (pip install 'ebctl[sglang]') or "
+                 "give the Python that has it")
     plan = sitting.Plan(cfgs=cfgs, baseline=baseline, python=python, args=launch, env=env, pairs=pairs, ids=ids,
                         work=work, settings=settings, source=source, command=command,
-                        environment=device.environment(python), port=port)
+                        environment=environment, port=port)
     mean_in, mean_out = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
     loop = f"open loop at {a.rate:g} req/s" if a.loop == "open" else f"closed loop c = {a.concurrency}"
     print(f"[ab] {', '.join(plan.names)}: {a.runs} round(s) of {a.duration:.0f} s, {loop}, {len(pairs)} pairs "

@@ -12,8 +12,8 @@ from typing import Any
 
 # run in the server's Python: versions and what torch sees, without loading sglang
 PROBE = """
-import json, importlib.metadata as md
-out = {}
+import json, importlib.metadata as md, importlib.util
+out = {"sglang_found": importlib.util.find_spec("sglang") is not None}
 for name in ("sglang", "torch", "ebctl"):
     try:
         out[name] = md.version(name)
@@ -113,4 +113,5 @@ def environment(python: str, smi: str = "nvidia-smi") -> dict[str, Any]:
     src = Path(ebctl.__file__).resolve().parents[1]
     return {"device": device(nvidia_smi(smi), seen.get("cuda_devices"), cpu_model(info), os.cpu_count()),
             "sglang": seen.get("sglang"), "torch": seen.get("torch"), "ebctl": seen.get("ebctl") or own,
-            "python": python, "commit": head_commit(src) if (src / ".git").exists() else None}
+            "python": python, "sglang_found": seen.get("sglang_found"),
+            "commit": head_commit(src) if (src / ".git").exists() else None}
