@@ -50,8 +50,9 @@ def draw(doc: dict[str, Any], path: Path) -> None:
         for t, text in changes(run):
             for ax in (top, bottom):
                 ax.axvline(t, color=c, linestyle=":", linewidth=1)
-            top.annotate(text, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color=c,
-                         va="top", ha="right")
+            top.annotate(text, (t, 0.98), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, color=c,
+                         va="top", ha="right", bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                                      "alpha": 0.8})
     top.set_ylabel("output tokens/s")
     bottom.set_ylabel("TTFT p99 (s)")
     bottom.set_xlabel("seconds since the load started (each run)")
