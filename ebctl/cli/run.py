@@ -154,6 +154,14 @@ _SERVER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 SILENT_S = 5.0
 
 
+def _same_name(status: dict, node: str, name: str) -> dict[str, dict]:
+    """The engines of a status reply that belong to a server named ``name`` on ``node`` and are not shown gone."""
+    from ebctl import fleet
+
+    return {eid: st for eid, st in (status.get("engines") or {}).items()
+            if eid.startswith(fleet.server_prefix(node, name) + "/") and not st.get("gone")}
+
+
 def _silent(st: dict) -> bool:
     """An engine in the daemon's status that has not reported for ``SILENT_S`` (but is not yet shown gone)."""
     age = st.get("last_report_age_s")
@@ -208,8 +216,18 @@ def _join(cfg: Config, engine: Engine, args: list[str], given: str, grace: float
         fail(f"ebctl start --join: the daemon refused status: {reply.error}", 1)
     else:
         node = str((reply.data.get("daemon") or {}).get("node") or "")
-        mine = {eid: st for eid, st in (reply.data.get("engines") or {}).items()
-                if eid.startswith(fleet.server_prefix(node, name) + "/") and not st.get("gone")}
+        mine = _same_name(reply.data, node, name)
+        # a server of this name that died a moment ago (a supervisor restarting it at once) falls silent within
+        # SILENT_S; one that goes on reporting is alive, and this one is refused
+        settle = time.monotonic() + SILENT_S + 1.0
+        while any(not _silent(st) for st in mine.values()) and time.monotonic() < settle:
+            time.sleep(0.5)
+            try:
+                reply = request(cfg, "status", timeout_s=2.0)
+            except ConnectionError:
+                break
+            if reply.ok:
+                mine = _same_name(reply.data, node, name)
         live = sorted(eid for eid, st in mine.items() if not _silent(st))
         if live:
             fail(f"ebctl start --join: a server named {name!r} already reports to this daemon "
