@@ -162,3 +162,42 @@ def test_no_launch_arguments_is_a_usage_error(standin):
     env, _, _ = standin
     p = _ab(env, "--configs", "alone", timeout=60)
     assert p.returncode == 2 and "give sglang's launch arguments after --, with --model-path" in p.stderr
+
+
+def test_the_closed_loop_and_ctrl_c_under_ebctl_start(standin, tmp_path):
+    """``ebctl`` runs ``ebctl start --engine sglang`` around the stand-in (a supervisor, a daemon, the server):
+    Ctrl-C in the middle of the load stops all of them, writes the partial record and exits 130."""
+    import signal
+    import time
+
+    env, model, _ = standin
+    err = tmp_path / "err"
+    with open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, "-m", "ebctl", "ab", "--configs", "ebctl", "--runs", "1", "--duration",
+                              "60", "--concurrency", "4", "--status-every", "1", "--dataset", "random-ids",
+                              "--random-input-len", "16", "--random-output-len", "8", "--workdir", str(tmp_path / "w"),
+                              "--", "--model-path", str(model)], stdout=subprocess.PIPE, stderr=e, text=True, env=env,
+                             cwd="/")
+    try:
+        deadline = time.monotonic() + 60
+        while "· load ·" not in err.read_text() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        time.sleep(3)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out[-3000:] + err.read_text()[-3000:]
+    doc = json.loads((tmp_path / "w" / "ab.json").read_text())
+    run = doc["runs"][0]
+    assert doc["interrupted"] and run["interrupted"] and 0 < run["load_s"] < 60
+    assert run["summary"]["completed"] > 0 and run["summary"]["failed"] == 0
+    assert run["status"] and all("t" in s for s in run["status"])  # the daemon read while it ran
+    names = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in run["pids"]
+                     if Path(f"/proc/{pid}/cmdline").exists())
+    assert len(run["pids"]) >= 4, run["pids"]  # ebctl start, its daemon, the server, the client
+    alive = [pid for pid in run["pids"] if Path(f"/proc/{pid}").exists()
+             and (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"]
+    assert alive == [], names
+    assert "interrupted" in out and (tmp_path / "w" / "ab.md").is_file()
