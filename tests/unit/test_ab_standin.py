@@ -30,6 +30,7 @@ STANDIN = textwrap.dedent('''
 
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
+    os.nice(5)  # the client under test keeps time first
     t0 = time.monotonic()
     with open(os.environ["STANDIN_LOG"], "a") as f:
         f.write(json.dumps({"argv": argv, "plugins": os.environ.get("SGLANG_PLUGINS")}) + "\\n")
