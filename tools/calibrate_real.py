@@ -21,7 +21,8 @@
    mean_s``: the same test every cost fit passes). Workload B's own mean is printed beside it, for scale.
 
 Exit 0 when the profile was written, status showed the online fits in use, and prefill and decode pass the
-check on workload B. ``--quick``: 60 s of calibration, 20 s of workload B (the tests' variant).
+check on workload B. ``--quick``: 60 s of calibration (up to 90 s more while the fits do not pass), 20 s of
+workload B (the tests' variant).
 The full run (``--duration 300``, the default) takes about 10 minutes with the two server starts.
 """
 
@@ -104,19 +105,48 @@ def warm(venv: Path, url: str, rt: Path, sets: list[str]) -> None:
     print(f"[calibrate] warmed: {CHUNK + FORGET} prefills, then the cost windows kept the last {FORGET}", flush=True)
 
 
+EXTRA_STEP, EXTRA_UP_TO = 0.5, 1.5  # while the fits do not pass: more load in steps of half the duration, up to 1.5×
+
+
+def _engine(st: subprocess.CompletedProcess) -> dict[str, Any]:
+    try:
+        return (json.loads(st.stdout).get("engines") or {}).get("dp0", {}) if st.returncode == 0 else {}
+    except ValueError:
+        return {}
+
+
+def _source(st: subprocess.CompletedProcess) -> str | None:
+    return (_engine(st).get("costs") or {}).get("source")
+
+
+def _reason(st: subprocess.CompletedProcess) -> str:
+    return str(_engine(st).get("cost_reason") or st.stderr.strip()[-200:])
+
+
 def calibrate(venv: Path, model: Path, work: Path, seconds: float, out: Path, sets: list[str]) -> dict[str, Any]:
-    """Step 1: ``ebctl start`` + workload A, then ``tune calibrate`` and ``status``."""
+    """Step 1: ``ebctl start`` + workload A (more of it, up to ``EXTRA_UP_TO`` × ``seconds``, while ``status``
+    says the online fits do not pass yet), then ``tune calibrate``."""
     env = {k: v for k, v in server_env().items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
     env.update(ONE_TORCH_CORE)
     with ebctl_start(venv, model, work, SERVER_ARGS, sets, env=env) as (_, url):
         warm(venv, url, work / "rt", sets)
         print(f"[calibrate] serving at {url}; workload A for {seconds:.0f} s: {WORKLOAD_A}", flush=True)
         load = load_for(venv, url, work, seconds, WORKLOAD_A, "a")
+        extra = 0.0
+        while (_source(st := ebctl(venv, work / "rt", "status", "--json")) != "online"
+               and extra < seconds * EXTRA_UP_TO):
+            # What the user is told to do ("until the online fits pass"): keep serving, then calibrate. On a
+            # shared 2-core machine the decode times of a minute can be too noisy for the fit to beat the mean.
+            print(f"[calibrate] the online fits do not pass yet ({_reason(st)}): "
+                  f"{seconds * EXTRA_STEP:.0f} s more of workload A", flush=True)
+            more = load_for(venv, url, work, seconds * EXTRA_STEP, WORKLOAD_A, f"a{int(extra)}")
+            extra += more["seconds"]
+            load = {k: load[k] + more[k] for k in load}
         cal = ebctl(venv, work / "rt", "tune", "calibrate", "--out", str(out))
-        st = ebctl(venv, work / "rt", "status", "--json")
     status = json.loads(st.stdout) if st.returncode == 0 else {}
     eng = (status.get("engines") or {}).get("dp0", {})
-    return {"load": load, "calibrate_rc": cal.returncode, "calibrate_stderr": cal.stderr.strip()[-2000:],
+    return {"load": load, "extra_s": extra, "calibrate_rc": cal.returncode,
+            "calibrate_stderr": cal.stderr.strip()[-2000:],
             "status_rc": st.returncode, "cost_source": (eng.get("costs") or {}).get("source"),
             "cost_reason": eng.get("cost_reason"), "cost_fits": eng.get("cost_fits"),
             "reports": eng.get("reports")}

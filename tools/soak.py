@@ -5,9 +5,10 @@
 
 Two tiny-model servers (tools/sglang_cpu, tools/ab_real.py's base args): ``s1`` under ``ebctl start`` (the
 supervisor and its daemon) and ``s2`` under ``ebctl start --join --server s2`` on the same runtime directory. The
-daemon steers both (``controller.mode = eb``, so a policy under control is not stock). An open-loop client (Poisson
-arrivals, each request a fresh random prompt with the issue workload's lengths, round-robin over the servers that
-are up) runs at ``--rate-frac`` of the capacity a closed loop measured first.
+daemon steers both (``controller.mode = eb``, so a policy under control is not stock). An open-loop client
+(tools/soak_client.py, a process of its own: Poisson arrivals, each request a fresh random prompt with the issue
+workload's lengths, round-robin over the servers that are up) runs at ``--rate-frac`` of the capacity that the
+same client measured first in a closed loop filling both servers' slots.
 
 A seeded fault schedule (printed) runs the faults of ``FAULTS`` one after another, in a shuffled order per round,
 ``--gap`` s apart, until the duration is spent:
@@ -59,6 +60,7 @@ FAULTS = ("kill9", "stop30", "reload", "tune", "rundir", "tracefull", "server", 
 DAEMON_FAULTS = ("kill9", "stop30", "rundir", "upgrade")
 CONTROL_S = 15.0  # the issue's bound: a policy under control this soon after the daemon's return
 WARMUP_S = 600.0  # RSS and fds must be flat after this much of the soak (the issue's "first 10 minutes")
+CAPACITY_CONCURRENCY = 32  # the capacity's closed loop: both servers' 16 slots (--max-running-requests) full
 MARKER = "EBCTL_SOAK"  # every process of the soak carries this variable: how leftovers are found
 
 
@@ -161,96 +163,102 @@ def _children(pid: int) -> list[int]:
 
 
 class Client:
-    """Open-loop load: requests arrive as a Poisson process of ``rate`` per second, each a fresh random prompt
-    of the workload's lengths, sent to the next server that is up (``up``); each runs on its own thread."""
+    """The open-loop load, run by tools/soak_client.py in a process of its own (the servers' Python: asyncio,
+    aiohttp): Poisson arrivals of ``rate`` per second, each a fresh random prompt of the workload's lengths,
+    round-robin over the servers ``up`` lists (a file the client re-reads). The finished requests come back as
+    JSON lines (``records``), the running counts as a progress file."""
 
-    def __init__(self, urls: dict[str, str], pairs: list[tuple[int, int]], ids: list[int], seed: int) -> None:
-        self.urls, self.pairs, self.ids = urls, pairs, ids
+    def __init__(self, venv: Path, work: Path, urls: dict[str, str], pairs: list[tuple[int, int]], ids: list[int],
+                 seed: int, env: dict[str, str]) -> None:
+        self.venv, self.work, self.urls, self.pairs, self.ids, self.seed = venv, work, urls, pairs, ids, seed
+        self.env = env
         self.up = dict.fromkeys(urls, True)
-        self.rng = random.Random(seed)
-        self.lock = threading.Lock()
+        self.up_file, self.progress_file = work / "client.up.json", work / "client.progress.json"
+        self.out = work / "client.requests.jsonl"
         self.records: list[dict[str, Any]] = []
-        self.in_flight: dict[int, str] = {}
-        self.stop = threading.Event()
         self.rate = 0.0
-        self._n = 0
-        self._thread: threading.Thread | None = None
+        self.proc: subprocess.Popen | None = None
+        self.set_up()
 
-    def one(self, server: str, n: int, timeout: float = 300.0) -> dict[str, Any]:
-        with self.lock:
-            i, o = self.pairs[n % len(self.pairs)]
-            prompt = [self.rng.choice(self.ids) for _ in range(i)]
-        t0 = time.time()
-        rec: dict[str, Any] = {"n": n, "server": server, "sent": t0, "out": o}
+    def set_up(self, **up: bool) -> None:
+        """Mark servers up or down (``s2=False``); the client sends to a server marked down no more within 0.1 s."""
+        self.up.update(up)
+        tmp = self.up_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.up))
+        os.replace(tmp, self.up_file)
+
+    def _spawn(self, spec: dict[str, Any], name: str) -> subprocess.Popen:
+        path = self.work / f"client.{name}.spec.json"
+        path.write_text(json.dumps({"urls": self.urls, "pairs": self.pairs, "ids": self.ids, "seed": self.seed,
+                                    "up": str(self.up_file), "progress": str(self.progress_file), **spec}))
+        log = open(self.work / f"client.{name}.log", "ab")  # noqa: SIM115 -- the child holds it
         try:
-            res = _post(f"{self.urls[server]}/generate", {"input_ids": prompt, "sampling_params": {
-                "max_new_tokens": o, "ignore_eos": True, "temperature": 0.0}}, timeout)
-            rec["tokens"] = int(res.get("meta_info", {}).get("completion_tokens", o))
-            rec["ok"] = True
-        except Exception as e:  # a failed request is data here
-            rec["ok"], rec["error"] = False, f"{type(e).__name__}: {e}"[:200]
-        rec["done"] = time.time()
-        return rec
-
-    def _run_one(self, server: str, n: int) -> None:
-        rec = self.one(server, n)
-        with self.lock:
-            self.in_flight.pop(n, None)
-            self.records.append(rec)
+            return subprocess.Popen([str(self.venv / "bin" / "python"), str(REPO / "tools" / "soak_client.py"),
+                                     str(path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env, cwd="/")
+        finally:
+            log.close()
 
     def closed_loop(self, concurrency: int, seconds: float) -> float:
         """Capacity: completions per second of ``concurrency`` requests always in flight for ``seconds``."""
-        end = time.monotonic() + seconds
-        done = [0]
-        names = list(self.urls)
-
-        def worker(k: int) -> None:
-            while time.monotonic() < end:
-                r = self.one(names[k % len(names)], k)
-                if r["ok"] and time.monotonic() < end:
-                    done[0] += 1
-        ts = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return done[0] / seconds
+        out = self.work / "client.capacity.json"
+        p = self._spawn({"loop": "closed", "concurrency": concurrency, "duration": seconds, "out": str(out)},
+                        "capacity")
+        if p.wait(seconds + 330) != 0 or not out.is_file():
+            raise RuntimeError(f"the capacity run failed ({p.returncode}): "
+                               f"{(self.work / 'client.capacity.log').read_text()[-2000:]}")
+        return float(json.loads(out.read_text())["capacity"])
 
     def start(self, rate: float) -> None:
         self.rate = rate
-        self._thread = threading.Thread(target=self._arrivals, daemon=True)
-        self._thread.start()
+        self.out.unlink(missing_ok=True)
+        self.proc = self._spawn({"loop": "open", "rate": rate, "drain": 120.0, "out": str(self.out)}, "open")
 
-    def _arrivals(self) -> None:
-        rng = random.Random(self.rng.random())
-        nxt = time.monotonic()
-        k = 0
-        while not self.stop.is_set():
-            nxt += rng.expovariate(self.rate)
-            self.stop.wait(max(0.0, nxt - time.monotonic()))
-            if self.stop.is_set():
-                return
-            names = [s for s, up in self.up.items() if up]
-            if not names:
-                continue
-            server = names[k % len(names)]
-            k += 1
-            with self.lock:
-                n = self._n
-                self._n += 1
-                self.in_flight[n] = server
-            threading.Thread(target=self._run_one, args=(server, n), daemon=True).start()
+    def progress(self) -> dict[str, Any]:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(self.progress_file.read_text())
+        return {}
 
     def finish(self, drain_s: float) -> None:
-        self.stop.set()
-        end = time.monotonic() + drain_s
-        while self.in_flight and time.monotonic() < end:
-            time.sleep(0.5)
+        """No more arrivals; up to ``drain_s`` for those in flight (the client writes them failed after its
+        own drain); then the records are read back."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(drain_s + 30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.records = []
+        with contextlib.suppress(OSError):
+            for line in self.out.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    self.records.append(json.loads(line))
+
+    def abort(self) -> None:
+        """The soak failed midway: the client killed; what it wrote is read back."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.finish(0)
 
     def counts(self) -> tuple[int, int]:
-        with self.lock:
-            ok = sum(r["ok"] for r in self.records)
-            return ok, len(self.records) - ok
+        p = self.progress()
+        return int(p.get("ok", 0)), int(p.get("failed", 0))
+
+
+def killed_in_flight(faults: list[dict[str, Any]], reqs: list[dict[str, Any]]) -> set[int]:
+    """The requests in flight on a server when it was killed: sent to it before ``killed_at`` and still running
+    when it was marked down (``down_at``), failed. Records of the thread client list them as
+    ``in_flight_killed``."""
+    out = {n for r in faults if r["fault"] == "server" for n in r.get("in_flight_killed", [])}
+    kills = [(r["server"], r["down_at"], r["killed_at"]) for r in faults
+             if r["fault"] == "server" and "down_at" in r and "killed_at" in r]
+    for q in reqs:
+        if not q["ok"] and any(q["server"] == s and q["sent"] <= k and (q["done"] or math.inf) >= d
+                               for s, d, k in kills):
+            out.add(q["n"])
+    return out
 
 
 class Node:
@@ -280,6 +288,8 @@ class Node:
         self.urls = {s: f"http://127.0.0.1:{p}" for s, p in self.ports.items()}
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarted: list[tuple[float, str]] = []
+        self._control: Any = None
+        self._status_lock = threading.Lock()
 
     def swap(self, target: Path) -> None:
         tmp = self.overlay / "ebctl.new"
@@ -341,15 +351,19 @@ class Node:
                               capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
 
     def status(self) -> dict | None:
-        try:
-            p = self.ebctl("status", "--json", timeout=10)
-        except subprocess.TimeoutExpired:
-            return None
-        if p.returncode != 0:
-            return None
-        with contextlib.suppress(ValueError):
-            return json.loads(p.stdout)
-        return None
+        """``ebctl status --json``'s document, asked in this process (ebctl.link.ControlClient, what the CLI
+        sends): the soak polls it several times a second after a fault, and a CLI process per poll would take
+        the servers' CPU. None while no daemon answers."""
+        from ebctl.link import ControlClient
+
+        with self._status_lock:
+            if self._control is None:
+                self._control = ControlClient(f"ipc://{self.rt / 'control.sock'}", timeout_s=3.0)
+            try:
+                reply = self._control.request("status")
+            except ConnectionError:
+                return None
+        return reply.data if reply.ok and isinstance(reply.data, dict) else None
 
     def daemon_pid(self) -> int | None:
         sup = self.procs.get("s1")
@@ -367,6 +381,8 @@ class Node:
         return {}
 
     def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
         for name in ("s2", "s1"):
             p = self.procs.get(name)
             if p is not None and p.poll() is None:
@@ -525,10 +541,10 @@ class Soak:
                     f.write_bytes(b"")
             rec["controlled_while_full"] = full_ok
         elif name == "server":
-            self.client.up["s2"] = False
-            time.sleep(0.2)
-            with self.client.lock:
-                rec["in_flight_killed"] = sorted(k for k, s in self.client.in_flight.items() if s == "s2")
+            rec["server"], rec["down_at"] = "s2", time.time()
+            self.client.set_up(s2=False)
+            time.sleep(0.5)  # the client re-reads its up file every 0.05 s
+            rec["in_flight_at_kill"] = (self.client.progress().get("in_flight") or {}).get("s2")
             import ab_real
 
             # the server dies whole (as the OOM killer or a node agent kills it): its supervisor and sglang, each
@@ -542,7 +558,7 @@ class Soak:
             t = time.monotonic()
             n.start("s2")
             rec["restart_s"] = time.monotonic() - t
-            self.client.up["s2"] = True
+            self.client.set_up(s2=True)
             rec["control_s"] = self.wait_control(time.time(), None)
         elif name == "upgrade":
             n.swap(n.next)
@@ -577,7 +593,7 @@ def checks(doc: dict[str, Any], leftovers: dict[int, str], quick: bool) -> list[
     broken = [r for r in faults if r.get("error")]
     out.append((not broken, f"faults injected and recovered from: {len(faults) - len(broken)} of {len(faults)}"
                 + (f"; first error ({broken[0]['fault']}): {broken[0]['error']}" if broken else "")))
-    killed = {n for r in faults if r["fault"] == "server" for n in r.get("in_flight_killed", [])}
+    killed = killed_in_flight(faults, reqs)
     failed = [r for r in reqs if not r["ok"]]
     lost = [r for r in failed if r["n"] not in killed]
     out.append((not lost, f"requests: {len(reqs)} sent, {len(reqs) - len(failed)} completed, {len(failed)} failed "
@@ -718,7 +734,8 @@ def picture(doc: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=3600.0, help="seconds of load (faults included)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds of load, faults included (default 3600; --quick: the faults, then 20 s)")
     ap.add_argument("--quick", action="store_true", help="every fault once, short holds (CI)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rate-frac", type=float, default=0.7, help="arrival rate as a share of measured capacity")
@@ -750,6 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(c["pass"] for c in doc["checks"]) else 1
     if a.quick:
         a.gap, a.sample = min(a.gap, 3.0), min(a.sample, 5.0)
+    quick_tail = a.quick and a.duration is None  # --quick alone: 20 s of load after the last fault
+    a.duration = 3600.0 if a.duration is None else a.duration
     import ab_real
 
     h = ab_real.harness()
@@ -775,7 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     node = Node(h, venv, model, work, ab_real.base_args(""), trace)
     pairs = ab_real.issue_workload(480, a.seed)
     ids = ab_real.model_vocab(model)
-    client = Client(node.urls, pairs, ids, a.seed)
+    client = Client(venv, work, node.urls, pairs, ids, a.seed,
+                    {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "EBCTL_CONFIG")}
+                    | {MARKER: str(work)})
     soak = None
     rc = 1
     doc: dict[str, Any] = {}
@@ -784,10 +805,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         node.start("s1")
         node.start("s2")
-        cap = client.closed_loop(8, 15.0 if a.quick else 60.0)
-        client.records.clear()
+        cap = client.closed_loop(CAPACITY_CONCURRENCY, 15.0 if a.quick else 60.0)
         rate = max(0.05, a.rate_frac * cap)
-        print(f"capacity {cap:.2f} req/s (closed loop of 8); open loop at {rate:.2f} req/s", flush=True)
+        print(f"capacity {cap:.2f} req/s (closed loop of {CAPACITY_CONCURRENCY}); open loop at {rate:.2f} req/s",
+              flush=True)
         t0 = time.time()
         soak = Soak(node, client, a, t0)
         client.start(rate)
@@ -803,14 +824,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # a fault the soak could not inject or recover from: recorded, the soak goes on
                 rec = {"fault": name, "t": soak.now(), "end": soak.now(), "error": f"{type(e).__name__}: {e}"[:300]}
                 soak.node.recover()
-                client.up["s2"] = soak.node.procs["s2"].poll() is None
+                client.set_up(s2=soak.node.procs["s2"].poll() is None)
             soak.faults.append(rec)
             print(f"[{rec['t']:7.0f}] {name}: " + ", ".join(f"{k}={_fmt_s(v) if k.endswith('_s') else v}"
                                                            for k, v in rec.items()
                                                            if k not in ("fault", "t", "end", "in_flight_killed")),
                   flush=True)
             time.sleep(a.gap)
-        while soak.now() < a.duration:
+        end = soak.now() + 20.0 if quick_tail else a.duration
+        while soak.now() < end:
             time.sleep(1)
         client.finish(120)
         soak._stop.set()
@@ -818,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if soak is not None:
             soak._stop.set()
-        client.stop.set()
+        client.abort()
         node.close()
         if node.procs:
             leftovers = h.processes_with(str(work))

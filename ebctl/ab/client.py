@@ -134,7 +134,10 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     with contextlib.suppress(NotImplementedError, RuntimeError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec["drain"])
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+    # a connection per request, as sglang's bench_serving opens one (a session per request): a kept-alive one
+    # that the server closes just as it is reused fails the request on the client's side
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if spec["loop"] == "open":
             tasks = [asyncio.ensure_future(arrivals(session))]
         else:
