@@ -10,8 +10,11 @@ daemon steers both (``controller.mode = eb``, so a policy under control is not s
 workload's lengths, round-robin over the servers that are up) runs at ``--rate-frac`` of the capacity that the
 same client measured first in a closed loop filling both servers' slots.
 
-A seeded fault schedule (printed) runs the faults of ``FAULTS`` one after another, in a shuffled order per round,
-``--gap`` s apart, until the duration is spent:
+A seeded fault schedule (printed, ``soak_order``) runs the faults of ``FAULTS`` one after another, in a shuffled
+order per round, ``--gap`` s apart: three rounds of every fault, then rounds of those that leave the daemon process
+running (all but kill9, rundir and upgrade) until the duration is spent, so that one daemon process lives through
+most of the soak under faults and its RSS and fds can be judged (within each process, from 5 minutes of its life
+and 10 of the soak, at least one life of 20 minutes so judged):
 
 - ``kill9``: SIGKILL of the daemon (the supervisor restarts it); ``stop30``: SIGSTOP for 30 s (``--quick``: 10 s);
 - ``reload``: a broken config file reloaded by SIGHUP (refused), then the good one by ``ebctl reload``;
@@ -60,6 +63,10 @@ FAULTS = ("kill9", "stop30", "reload", "tune", "rundir", "tracefull", "server", 
 DAEMON_FAULTS = ("kill9", "stop30", "rundir", "upgrade")
 CONTROL_S = 15.0  # the issue's bound: a policy under control this soon after the daemon's return
 WARMUP_S = 600.0  # RSS and fds must be flat after this much of the soak (the issue's "first 10 minutes")
+REPLACING = ("kill9", "rundir", "upgrade")  # the faults after which another daemon process runs
+PROCESS_WARMUP_S = 300.0  # ... and after each daemon process's own first minutes (imports, windows filling)
+LONGEST_LIFE_S = 1200.0  # a judged daemon life at least this long: a slope over minutes says little
+FULL_ROUNDS = 3  # rounds of every fault; then rounds of those that keep the daemon process, for its long life
 CAPACITY_CONCURRENCY = 32  # the capacity's closed loop: both servers' 16 slots (--max-running-requests) full
 MARKER = "EBCTL_SOAK"  # every process of the soak carries this variable: how leftovers are found
 
@@ -90,6 +97,23 @@ def schedule(seed: int, rounds: int, faults: tuple[str, ...] = FAULTS) -> list[s
         rng.shuffle(r)
         out += r
     return out
+
+
+def soak_order(seed: int, quick: bool, full_rounds: int = FULL_ROUNDS) -> list[str]:
+    """The faults in order: ``--quick``, one round of every fault; else ``full_rounds`` rounds of every fault,
+    then rounds of those that leave the daemon process running (not ``REPLACING``) until the time is spent,
+    so that one daemon process lives for most of the soak, under faults, and its memory can be judged."""
+    if quick:
+        return schedule(seed, 1)
+    return schedule(seed, full_rounds) + schedule(seed + 1, 100, tuple(f for f in FAULTS if f not in REPLACING))
+
+
+def aged(samples: list[tuple[float, int, float]], min_age: float) -> list[tuple[float, int, float]]:
+    """The ``(t, pid, value)`` samples of each daemon process from ``min_age`` seconds after its first one."""
+    first: dict[int, float] = {}
+    for t, pid, _ in samples:
+        first.setdefault(pid, t)
+    return [(t, pid, v) for t, pid, v in samples if t - first[pid] >= min_age]
 
 
 def within_slope(samples: list[tuple[float, int, float]], after: float) -> tuple[float, float, int]:
@@ -599,17 +623,22 @@ def checks(doc: dict[str, Any], leftovers: dict[int, str], quick: bool) -> list[
     out.append((not lost, f"requests: {len(reqs)} sent, {len(reqs) - len(failed)} completed, {len(failed)} failed "
                           f"({len(failed) - len(lost)} in flight on a killed server, {len(lost)} lost otherwise)"
                 + (f"; first lost: {lost[0].get('error')}" if lost else "")))
-    after = WARMUP_S if not quick else 0.0
+    after, age = (WARMUP_S, PROCESS_WARMUP_S) if not quick else (0.0, 0.0)
     rss = [(s["t"], s["daemon_pid"], s["rss_mb"]) for s in samples]
     fds = [(s["t"], s["daemon_pid"], float(s["fds"]) if s["fds"] >= 0 else math.nan) for s in samples]
+    lives: dict[int, list[float]] = {}
+    for t, pid, _ in aged(rss, age):
+        if t >= after:
+            lives.setdefault(pid, []).append(t)
+    longest = max((ts[-1] - ts[0] for ts in lives.values()), default=0.0)
     for name, pts, rel, ab, unit in (("RSS", rss, 0.05, 2.0, "MB"), ("fds", fds, 0.05, 2.0, "")):
-        b, se, k = within_slope(pts, after)
-        vals = [v for t, _, v in pts if t >= after and math.isfinite(v)]
+        b, se, k = within_slope(aged(pts, age), after)
+        vals = [v for t, _, v in aged(pts, age) if t >= after and math.isfinite(v)]
         mean = sum(vals) / len(vals) if vals else math.nan
-        ok = quick or flat(b, se, mean, rel=rel, absolute=ab)
-        out.append((ok, f"daemon {name} after {after / 60:.0f} min: mean {mean:.1f}{unit}, "
-                        f"slope {b:+.2f} ± {se:.2f}"
-                        f"{unit}/h within each daemon process ({k} samples)"
+        ok = quick or (flat(b, se, mean, rel=rel, absolute=ab) and longest >= LONGEST_LIFE_S)
+        out.append((ok, f"daemon {name} after {after / 60:.0f} min of the soak and {age / 60:.0f} of each daemon "
+                        f"process: mean {mean:.1f}{unit}, slope {b:+.2f} ± {se:.2f}{unit}/h within each process "
+                        f"({k} samples; longest judged life {longest / 60:.0f} min)"
                         + (" (quick: not judged)" if quick else "")))
     ctl = [(r["fault"], r.get(k)) for r in faults for k in ("control_s", "control_back_s")
            if r["fault"] in DAEMON_FAULTS and k in r]
@@ -787,10 +816,10 @@ def main(argv: list[str] | None = None) -> int:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={a.trace_mb}m", "tmpfs", str(trace)],
                              capture_output=True).returncode == 0
     a.trace, a.trace_tmpfs = str(trace), mounted
-    order = schedule(a.seed, 1 if a.quick else 100)
+    order = soak_order(a.seed, a.quick)
     print(f"soak: work {work}, trace dir {trace} ({'tmpfs ' + str(a.trace_mb) + ' MB' if mounted else 'NOT a tmpfs'})"
           f", seed {a.seed}; fault schedule (one after another, {a.gap:g} s apart, until {a.duration:g} s): "
-          + " ".join(order[:len(FAULTS) * (1 if a.quick else 8)]) + " ...", flush=True)
+          + " ".join(order[:len(FAULTS) * (1 if a.quick else FULL_ROUNDS) + 10]) + " ...", flush=True)
     node = Node(h, venv, model, work, ab_real.base_args(""), trace)
     pairs = ab_real.issue_workload(480, a.seed)
     ids = ab_real.model_vocab(model)

@@ -66,3 +66,34 @@ def test_the_checks_fail_a_lost_request_and_a_slow_return_of_control():
         slow = [dict(r, control_s=16.0) if r["fault"] == "kill9" else r for r in faults]
         bad = [line for ok, line in soak.checks({**doc, "faults": slow}, {}, quick=True) if not ok]
         assert len(bad) == 1 and "worst 16.0 s" in bad[0]
+
+
+def test_killed_in_flight_is_what_was_running_on_the_killed_server_between_down_and_kill():
+    # s2 marked down at 100.0, killed at 101.0. Request 1: sent to s2 at 99, failed at 101.05 (cut by the kill);
+    # 2: s2, sent at 99, completed (not lost); 3: s1, failed at 101 (another server: lost); 4: s2, sent at 99,
+    # failed at 99.5 before the server was marked down (not the kill's); 5: s2, sent at 102 after the kill
+    # (lost); 6: an old record's listed id.
+    faults = [{"fault": "server", "server": "s2", "down_at": 100.0, "killed_at": 101.0},
+              {"fault": "server", "in_flight_killed": [6]}, {"fault": "kill9"}]
+    reqs = [{"n": 1, "server": "s2", "sent": 99.0, "done": 101.05, "ok": False},
+            {"n": 2, "server": "s2", "sent": 99.0, "done": 101.05, "ok": True},
+            {"n": 3, "server": "s1", "sent": 99.0, "done": 101.0, "ok": False},
+            {"n": 4, "server": "s2", "sent": 99.0, "done": 99.5, "ok": False},
+            {"n": 5, "server": "s2", "sent": 102.0, "done": 102.1, "ok": False}]
+    with tool("soak") as soak:
+        assert soak.killed_in_flight(faults, reqs) == {1, 6}
+
+
+def test_the_order_runs_three_full_rounds_then_only_faults_that_keep_the_daemon():
+    with tool("soak") as soak:
+        order = soak.soak_order(5, quick=False)
+        assert sorted(order[:24]) == sorted(soak.FAULTS * 3)
+        assert not set(order[24:]) & {"kill9", "rundir", "upgrade"} and len(order[24:]) == 5 * 100
+        assert sorted(soak.soak_order(5, quick=True)) == sorted(soak.FAULTS)
+
+
+def test_aged_keeps_each_process_from_its_own_age():
+    # pid 1 first seen at 0 s, pid 2 at 50 s: with min_age 20, pid 1 from t = 20, pid 2 from t = 70
+    pts = [(0, 1, 1.0), (10, 1, 2.0), (20, 1, 3.0), (50, 2, 4.0), (60, 2, 5.0), (70, 2, 6.0), (80, 2, 7.0)]
+    with tool("soak") as soak:
+        assert soak.aged(pts, 20.0) == [(20, 1, 3.0), (70, 2, 6.0), (80, 2, 7.0)]
