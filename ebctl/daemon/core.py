@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from ebctl import bounds, config
+from ebctl import bounds, config, fleet
 from ebctl.config import Config, ConfigError
 from ebctl.controller import Controller
 from ebctl.daemon import metrics
@@ -231,7 +232,7 @@ class Daemon:
             self._reject(self.counters.rejected, ProtocolError(f"engine {engine_id!r}: NUL in engine id"), "report")
             return None
         s = self.settings
-        if len(self.engines) >= s.cfg.daemon.max_engines:
+        if len(self.engines) >= s.cfg.daemon.max_engines and not self._forget_gone(engine_id, mono):
             self._reject(self.counters.rejected, ProtocolError(
                 f"engine {engine_id!r}: more than daemon.max_engines={s.cfg.daemon.max_engines} engines"),
                 "report", "bound:engines")
@@ -240,6 +241,22 @@ class Daemon:
         eng = self.engines[engine_id] = Engine(ctl, topic(engine_id), created=mono)
         log.info("new engine %r", engine_id)
         return eng
+
+    def _forget_gone(self, newcomer: str, mono: float) -> bool:
+        """Make room for ``newcomer`` at ``daemon.max_engines``: forget the engine silent the longest, with its
+        forward times, if it is gone (silent for ``daemon.engine_gone_s``, ``fleet.gone``); True if one was.
+        So a server restarted under a new name takes the slot of one that left, and the engines kept stay
+        within ``daemon.max_engines``; a gone engine is kept, and shown gone, until its slot is needed."""
+        eid, eng = min(self.engines.items(),
+                       key=lambda kv: kv[1].last_report if math.isfinite(kv[1].last_report) else -math.inf)
+        silent = mono - eng.last_report
+        if not fleet.gone(silent, self.settings.cfg.daemon.engine_gone_s):
+            return False
+        del self.engines[eid]
+        self.dispatch.forwards.pop(eid, None)
+        log.info("engine %r forgotten (silent for %.0f s, daemon.max_engines=%d reached): its slot goes to %r",
+                 eid, silent, self.settings.cfg.daemon.max_engines, newcomer)
+        return True
 
     def _reject(self, counts: dict[str, int], err: ProtocolError, what: str, reason: str = "") -> None:
         reason = reason or reject_reason(err)

@@ -107,6 +107,27 @@ def test_engine_ids_beyond_the_cap_leave_no_state(fast_cfg):
     assert core.counters.rejected["bound:engines"] == 97 and core.counters.received == 3
 
 
+def test_a_gone_engine_gives_its_slot_to_a_new_id_so_renamed_servers_stay_within_the_cap(fast_cfg):
+    """A server restarted under a new name, again and again: at daemon.max_engines (3) each new id takes the slot
+    of the engine silent the longest once it is gone (engine_gone_s, 10 s), never a live one's, and the engines
+    kept (and their forward times) stay at the cap: the last three ids, however many came."""
+    core = Daemon(fast_cfg.with_updates({"daemon.max_engines": 3, "daemon.engine_gone_s": 10.0}))
+    for eid in ("a", "b", "c"):
+        core.ingest(encode(report(eid, 0)), 1.0, 0.0)
+    core.ingest(encode(report("b", 1)), 1.0, 5.0)
+    core.ingest(encode(report("c", 1)), 1.0, 5.0)
+    assert core.ingest(encode(report("d", 0)), 1.0, 9.0) is None  # a silent for 9 s: not gone, d refused
+    assert core.counters.rejected["bound:engines"] == 1 and sorted(core.engines) == ["a", "b", "c"]
+    assert core.ingest(encode(report("d", 0)), 1.0, 10.0) is not None  # a silent for 10 s: gone, d takes its slot
+    assert sorted(core.engines) == ["b", "c", "d"] and sorted(core.dispatch.forwards) == ["b", "c", "d"]
+    ids = [f"s{i}/dp0" for i in range(50)]  # one new name every 11 s: the one before it is gone by then
+    for i, eid in enumerate(ids):
+        core.ingest(encode(report(eid, 0)), 1.0, 30.0 + 11.0 * i)
+        assert len(core.engines) == 3
+    assert sorted(core.engines) == sorted(ids[-3:]) and sorted(core.dispatch.forwards) == sorted(ids[-3:])
+    assert core.counters.rejected["bound:engines"] == 1 and core.counters.received == 5 + 1 + 50
+
+
 def test_recent_reports_are_kept_within_their_bytes_without_finished_lists(fast_cfg):
     core = Daemon(fast_cfg.with_updates({"daemon.recent_bytes": 1 << 16}))
     rng = np.random.default_rng(1)
