@@ -16,11 +16,15 @@ allocation sites that grew most from the 10-minute checkpoint (or the first) to 
 
 ``--churn-s S``: every S simulated seconds the second server restarts, alternately under its own name (silent
 for ``--restart-gap-s``, then a new process: new instance, seq from 0) and under a new name (the old id falls
-silent for good). ``--config soak`` is the soak's daemon configuration (eb, θ by Eq. 3 + 5, TTL 5 s, republish
-1 s); ``default`` the shipped one (eb+, the measured θ: the tuner runs). ``--no-trace``: no tracemalloc, only
-the process's RSS at each checkpoint (tracemalloc's own bookkeeping inflates it otherwise).
+silent for good). ``--faults-s S``: every S simulated seconds, in turn, what the soak does to a daemon it
+keeps: ``tune set`` of a live key and back, a broken config file reloaded (refused) and then the good one, and
+30 s in which the daemon reads nothing (SIGSTOP). ``--config soak`` is the soak's daemon configuration (eb, θ
+by Eq. 3 + 5, TTL 5 s, republish 1 s); ``default`` the shipped one (eb+, the measured θ: the tuner runs).
+``--no-trace``: no tracemalloc, only the process's RSS at each checkpoint (tracemalloc's own bookkeeping
+inflates it otherwise).
 
-    python tools/daemon_memory.py --hours 2 [--config soak|default] [--churn-s 300] [--max-engines N] [--no-trace]
+    python tools/daemon_memory.py --hours 2 [--config soak|default] [--churn-s 300] [--max-engines N]
+                                  [--faults-s 120] [--no-trace]
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import ctypes
 import enum
 import gc
 import heapq
+import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -57,6 +63,7 @@ RATE = 10.0  # requests/s per server: about 0.7 of what its 16 slots serve (the 
 MAX_QUEUE = 64  # requests waiting at most: the synthetic servers' own memory stays bounded
 COUNTS_EVERY = 16  # sglang_patch/state.py: the gate's counts ride every 16th report
 STATUS_S, SCRAPE_S = 10.0, 15.0
+STOP_S = 30.0  # the soak's stop30: SIGSTOP for 30 s
 RECENT_SAMPLE = 256  # kept reports sized one by one at a checkpoint (the rest by their mean)
 CHECK_MIN = (1, 2, 5, 10, 30, 60, 120, 180, 240, 360, 480, 720)
 SOAK = {"daemon.republish_s": 1.0, "controller.mode": "eb", "controller.theta_method": "paper",
@@ -279,10 +286,15 @@ def rss_mb() -> float:
 
 
 def run(hours: float, cfg_name: str, churn_s: float, restart_gap_s: float, engines: int, seed: int,
-        trace: bool, top: int, max_engines: int = 0) -> dict[str, Any]:
+        trace: bool, top: int, max_engines: int = 0, faults_s: float = 0.0) -> dict[str, Any]:
     overrides = {**(SOAK if cfg_name == "soak" else {}), **({"daemon.max_engines": max_engines} if max_engines else {})}
-    cfg = config.load(None, {k: str(v) for k, v in overrides.items()})
-    d = Daemon(cfg)
+    tmp = Path(tempfile.mkdtemp(prefix="ebdm-"))
+    good = f'[daemon]\nruntime_dir = "{tmp / "rt"}"\n'
+    (tmp / "rt").mkdir(mode=0o700)
+    cfg_file = tmp / "ebctl.toml"
+    cfg_file.write_text(good)
+    cfg = config.load(str(cfg_file), {k: str(v) for k, v in overrides.items()})
+    d = Daemon(cfg, overrides={k: str(v) for k, v in overrides.items()})
     shell = Shell(d, threading.Event())
     shell._pub = sink = Sink()
     rng = np.random.default_rng(seed)
@@ -297,6 +309,7 @@ def run(hours: float, cfg_name: str, churn_s: float, restart_gap_s: float, engin
     next_rep, next_status, next_scrape = cfg.daemon.republish_s, STATUS_S, SCRAPE_S
     next_churn = churn_s if churn_s > 0 else math.inf
     silent_until, churns, renames = -1.0, 0, 0
+    next_fault, faults, stopped_until = faults_s if faults_s > 0 else math.inf, 0, -1.0
     here = str(Path(__file__).resolve())
     filters = [tracemalloc.Filter(False, here), tracemalloc.Filter(False, tracemalloc.__file__)]
     if trace:
@@ -339,6 +352,13 @@ def run(hours: float, cfg_name: str, churn_s: float, restart_gap_s: float, engin
         r, t_next = srv.step(t)
         heapq.heappush(heap, (t_next, i))
         now, mono = WALL0 + t_next, t_next
+        if mono >= next_fault:  # what the soak does to a daemon it keeps: tune, reload, SIGSTOP
+            next_fault, faults = mono + faults_s, faults + 1
+            _fault(d, faults, cfg_file, good, now)
+            if faults % 3 == 0:
+                stopped_until = mono + STOP_S
+        if mono < stopped_until:  # stopped: the links' queues drop what it does not read
+            continue
         eng = d.ingest(encode(r), now, mono)
         reports += 1
         if eng is not None:
@@ -357,7 +377,9 @@ def run(hours: float, cfg_name: str, churn_s: float, restart_gap_s: float, engin
             next_scrape = mono + SCRAPE_S
     result = {"config": cfg_name, "hours": hours, "churn_s": churn_s, "points": points, "published": sink.frames,
               "max_engines": cfg.daemon.max_engines, "refused_engines": d.counters.rejected["bound:engines"],
-              "faults": d.counters.faults, "errors": sum(e.controller.errors for e in d.engines.values())}
+              "faults": d.counters.faults, "errors": sum(e.controller.errors for e in d.engines.values()),
+              "control_faults": faults}
+    shutil.rmtree(tmp, ignore_errors=True)
     if trace and len(snaps) >= 2:
         keys = sorted(snaps)
         base = next((k for k in keys if k >= 600.0 - 1e-9 and k < keys[-1]), keys[0])
@@ -368,6 +390,22 @@ def run(hours: float, cfg_name: str, churn_s: float, restart_gap_s: float, engin
         for where, diff, count, size in result["top_growth"]:
             print(f"  {diff / 1024:+9.1f} KiB {count:+8d} blocks (now {size / 1024:9.1f} KiB)  {where}")
     return result
+
+
+def _fault(d: Daemon, n: int, cfg_file: Path, good: str, now: float) -> None:
+    """The soak's faults on a living daemon, in turn: ``tune set`` of a live key and back; a broken config file
+    reloaded by SIGHUP (refused), then the good one by ``ebctl reload``; SIGSTOP (the caller skips ``STOP_S``)."""
+    def op(name: str, **args: Any) -> None:
+        msgspec.msgpack.encode(d.handle_control([encode(ControlRequest(op=name, args=args))], now))
+
+    if n % 3 == 1:
+        op("tune", updates={"controller.n_min_interval_s": 1.0})
+        op("tune", updates={"controller.n_min_interval_s": 5.0})
+    elif n % 3 == 2:
+        cfg_file.write_text("[daemon\n")
+        d.reload("SIGHUP", now)
+        cfg_file.write_text(good)
+        op("reload")
 
 
 def _print_point(p: dict[str, Any], trace: bool) -> None:
@@ -391,12 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart-gap-s", type=float, default=30.0, help="a same-name restart's silence (s)")
     ap.add_argument("--engines", type=int, default=2, help="servers reporting (default 2)")
     ap.add_argument("--max-engines", type=int, default=0, help="daemon.max_engines (0: the configuration's)")
+    ap.add_argument("--faults-s", type=float, default=0.0, help="a tune, a reload or a 30 s stop this often (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=12, help="allocation sites listed")
     ap.add_argument("--no-trace", action="store_true", help="no tracemalloc: RSS only")
     a = ap.parse_args(argv)
+    logging.getLogger("ebctl").addHandler(logging.NullHandler())  # the daemon's lines (new engines, reloads): not here
     r = run(a.hours, a.config, a.churn_s, a.restart_gap_s, max(a.engines, 1), a.seed, not a.no_trace, a.top,
-            a.max_engines)
+            a.max_engines, a.faults_s)
     pts = r["points"]
     print(f"\nconfig {a.config}, churn {a.churn_s:g} s, max_engines {r['max_engines']}: published "
           f"{r['published']:,} frames, faults {r['faults']}, controller errors {r['errors']}, reports of refused "
