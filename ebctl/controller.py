@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import math
 
-from ebctl import model
+from ebctl import model, predict
 from ebctl.costfit import CostChoice, OnlineCosts
 from ebctl.decide import COLD_DEFER_S, Carry, Snapshot, decide, defer_clock, estimates, pinned
 from ebctl.observed import Observed, n_limit
 from ebctl.params import ControllerParams, Fit, OperatorMode, ThetaMethod
 from ebctl.probe import ModeProbe
-from ebctl.protocol import IterationReport, Mode, Policy
+from ebctl.protocol import BatchKind, IterationReport, Mode, Policy
 from ebctl.steer import Steering, View
 from ebctl.trial import Applied
-from ebctl.tuner import PROBE, Tuner
+from ebctl.tuner import MB, PDI, PROBE, QUARTERS, STOCK, Tuner
 
 __all__ = ["DEFAULT_COSTS", "Controller", "ControllerParams", "Fit", "OperatorMode", "ThetaMethod"]
 
 N_OBS_SHIFT = 1.5  # eb+ updates at once when N_obs moved by this factor since the last update
+PREDICT_EVERY = 2000  # completions between two rankings by the model (``prediction_request``)
+PD_INTERVALS = (1, 2, 4, 8, 16, 32)  # the pdi arms the model ranks
 
 # Qwen3-8B on H200 (measured_profiles.json): used until a profile or the online fit says otherwise.
 DEFAULT_COSTS = model.Costs(alpha_p=1.28e-3, beta_p=2.49e-5, alpha_d=8.92e-3, beta_d=4.59e-5)
@@ -39,7 +41,7 @@ class Controller:
     """One engine's controller. ``observe`` each report; ``update(now)`` returns the current Policy."""
 
     def __init__(self, params: ControllerParams, costs: model.Costs | None = None, *, engine_id: str = "",
-                 cost_source: str = "") -> None:
+                 cost_source: str = "", predictive: bool = False) -> None:
         self.engine_id = engine_id
         self.params = params
         self.base_costs = costs or DEFAULT_COSTS
@@ -56,6 +58,10 @@ class Controller:
         self.vbar: float | None = None  # Eq. 6's v̄ of the last decision (n_variance = "measured"): the arms' N
         self._published: tuple[str, Mode | None] = ("", None)  # (arm, probe) of the current policy
         self.policy = self._cold_policy(version=0)
+        self.predictive = predictive  # a profile the model can price iterations with (``prediction_request``)
+        self._predict_at, self._predict_asked = 0, False
+        self.predictions: tuple[predict.Prediction, ...] = ()
+        self.predict_error = ""
 
     def _cold_policy(self, version: int) -> Policy:
         """Before W_min completions: cold_mode with θ_default (or the overrides), no estimates."""
@@ -233,6 +239,64 @@ class Controller:
                       n_max=n, kv_reserve_frac=kv, max_defer_s=defer_clock(p, self.seen.decode_step_s.value, k, n,
                                                                            fit.p0),
                       pd_interval=pdi, reason="; ".join(reasons) or "ok", estimates=est)
+
+    # --- the model's ranking (``ebctl.predict``) -----------------------------------------------------------
+    def prediction_request(self) -> tuple[predict.Sample, object] | None:
+        """What the model should rank now, or None: (the sample, the online fits' ``IterationCosts`` or None for
+        the profile's costs). Asked by whoever runs the model (the daemon's worker, the simulator's source) off the
+        per-report path; one at a time (``take_predictions`` or ``prediction_failed`` ends it), every
+        ``PREDICT_EVERY`` completions, from the first recompute on. The costs in use: the online fits once the
+        prefill and decode fits (and the mixed one, on an engine that can mix) have passed, the profile's before;
+        without a profile (``predictive``) nothing until the fits pass."""
+        if not self.measured or self.fit is None or self._predict_asked or self.seen.completions < self._predict_at:
+            return None
+        oc, o = self.online_costs, self.seen
+        kinds = [BatchKind.PREFILL, BatchKind.DECODE] + ([] if o.mixed_unavailable else [BatchKind.MIXED])
+        online = self.params.cost_online and all(oc.passed(k) for k in kinds)
+        if not (online or self.predictive) or o.kv_total <= 0 or len(o.window) < self.params.min_window:
+            return None
+        view, t = self._view(), self.tuner
+        names = [STOCK, *([MB] if t.allow_mb and not t.stock_mixes else []),
+                 *(f"eb@{j}" for j in range(0, t.top + 1, QUARTERS)), *t.entries,
+                 *([f"{PDI}{n}" for n in PD_INTERVALS] if view.pd_interval_available else [])]
+        arms, seen = [], set()
+        for name in dict.fromkeys(names):
+            if name.startswith("eb@") and t.k(name) < 2:
+                continue
+            mode, _, n, k, kv = self.steer.arm(name, view)
+            key = (mode, n, k, t.pd_interval(name))
+            if key not in seen:
+                seen.add(key)
+                arms.append(predict.ArmSpec(name, mode, k, n, kv, t.pd_interval(name)))
+        c = max(1, round(o.in_engine.value)) if o.in_engine.value > 0 else self.n_limit
+        tg = self.params.targets
+        sample = predict.Sample(tuple(int(x) for x in o.window.inputs()), tuple(int(x) for x in o.window.outputs()),
+                                concurrency=c, slots=self.n_limit, kv_tokens=o.kv_total,
+                                token_budget=max(o.max_prefill, 1), mixed_chunk=t.stock_mixes, arms=tuple(arms),
+                                requests=min(max(predict.MAX_REQUESTS, 2 * c), 2 * predict.MAX_REQUESTS),
+                                slo_ttft_s=tg.ttft_s, slo_tpot_s=tg.tpot_s)
+        self._predict_asked = True
+        return sample, (oc.iteration_costs() if online else None)
+
+    def take_predictions(self, preds: tuple[predict.Prediction, ...]) -> None:
+        """The model's ranking of the request's arms: each arm's predicted gain on stock goes to the tuner, with the
+        arms whose predicted TTFT and TPOT p99 are within the latency slack of stock's (with targets, every arm:
+        the goodput predicted judges them)."""
+        p = self.params
+        self._predict_asked, self._predict_at = False, self.seen.completions + PREDICT_EVERY
+        self.predictions, self.predict_error = tuple(preds), ""
+        targets = p.targets.set
+        gains = predict.gains(self.predictions, against=STOCK, goodput=targets)
+        ref = next((x for x in self.predictions if x.arm == STOCK), None)
+        eligible = {x.arm for x in self.predictions if targets or ref is None or (
+            x.ttft_p99_s <= ref.ttft_p99_s * (1 + p.tune_ttft_slack)
+            and x.tpot_p99_s <= ref.tpot_p99_s * (1 + p.tune_tpot_slack))}
+        self.tuner.set_predictions({a: g for a, g in gains.items() if math.isfinite(g)}, eligible)
+
+    def prediction_failed(self, why: str) -> None:
+        """The model could not rank (its runner says why): the search goes on without, and asks again later."""
+        self._predict_asked, self._predict_at = False, self.seen.completions + PREDICT_EVERY
+        self.predict_error = why
 
     def gate_status(self) -> dict:
         """The engine's gate decisions and refills (``Observed.gate_status``)."""

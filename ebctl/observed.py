@@ -34,6 +34,8 @@ class Observed:
     def __init__(self, params: ControllerParams) -> None:
         self.window = LengthWindow(params.window)
         self.n_obs = Ema(params.n_obs_alpha)
+        self.in_engine = Ema(params.n_obs_alpha)  # running + waiting, uncapped: the model's closed loop (``predict``)
+        self.max_prefill = 0  # the largest prefill batch seen, in tokens: the engine's chunk as far as it showed it
         self.decode_step_s = Ema(DECODE_STEP_ALPHA)  # measured seconds per decode iteration
         self.waiting_share = Ema(WAITING_ALPHA)  # share of recent non-idle iterations with requests waiting
         self.output_rate = RecentRate(RATE_HORIZON_S)  # output tokens/s of the finished requests, now
@@ -83,6 +85,8 @@ class Observed:
             # Eq. 8's right side with it.
             cap = n_limit(n_max_limit, self.engine_limit)
             self.n_obs.update(float(min(r.running + r.waiting, max(cap, r.running))))
+            self.in_engine.update(float(r.running + r.waiting))
+        self.max_prefill = max(self.max_prefill, r.prefill_tokens)
         self.mixed_unavailable = r.mixed_unavailable
         self.mixed_reason = r.mixed_unavailable_reason
         self.pd_interval_available = r.pd_interval_available

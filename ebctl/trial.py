@@ -188,6 +188,7 @@ class Trial:
     ttfts: list[float] = field(default_factory=list)  # TTFTs of the challenger's measured windows
     tpots: list[float] = field(default_factory=list)  # ... and TPOTs
     attained: list[tuple[str, float]] = field(default_factory=list)  # (arm, attainment) per measured window (targets)
+    predicted: float = math.nan  # the model's ln ratio of challenger to incumbent (``ebctl.prior``); NaN: none
 
     def arm(self) -> str:
         """The arm of the next measured window: the incumbent at even positions, the challenger at odd ones."""

@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from ebctl import slo
+from ebctl import prior, slo
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
@@ -185,6 +185,10 @@ class Tuner:
         self._run_since = math.nan  # when the running arm's current run began, its completions since, and its
         self._run_done = 0  # windows' starts (wall time, completions then): with targets, which requests a window
         self._starts: list[tuple[float, int]] = []  # judges (``_judge_since``)
+        self.predicted: dict[str, float] = {}  # the model's ln ratio of each arm to stock (``set_predictions``)
+        self.eligible: set[str] = set()  # ... the arms whose predicted latency the guard or the targets allow
+        self.record = prior.Record()  # the model's predicted and measured ratios, trial by trial
+        self.unverified = False  # the incumbent is the model's start-up pick, not yet measured against stock
 
     # --- arms -----------------------------------------------------------------------------------------
     def theta(self, arm: str) -> float:
@@ -250,6 +254,59 @@ class Tuner:
                     self._to_stock()
                 self._end_trial("aborted", "mb no longer available")
 
+    def set_predictions(self, gains: dict[str, float], eligible: set[str]) -> None:
+        """The model's ranking (``ebctl.predict``): each arm's predicted ln ratio to stock (goodput with latency
+        targets), and the arms whose predicted TTFT and TPOT p99 are within the latency slack of stock's (with
+        targets: every arm; the targets judge). Before the search's first trial, with the engine still starting,
+        the model's pick (``model_pick``) becomes the incumbent at once: the start-up runs at it, and its first
+        trial is against stock (``unverified``)."""
+        self.predicted, self.eligible = dict(gains), set(eligible)
+        if self.counts["trials"] or self.trial is not None or self.incumbent != STOCK or self.steady:
+            return
+        pick = self.model_pick()
+        if pick:
+            lead = self._lead(pick)
+            self._log_move(pick, f"the model's pick at start-up: predicted {math.expm1(lead):+.1%}", lead)
+            self.incumbent, self.unverified = pick, True
+            self.gain_ln, self.gain_var = lead, self.record.sd() ** 2
+            self._run(pick)
+
+    def _lead(self, arm: str) -> float:
+        """The model's predicted ln ratio of ``arm`` to the incumbent (NaN where it predicted either not)."""
+        a, b = self.predicted.get(arm, math.nan), self.predicted.get(self.incumbent, math.nan)
+        return a - b
+
+    def model_pick(self) -> str:
+        """The arm the model ranks first among those that may run here (mb where it differs from stock, pdi
+        where the engine applies it, EB with k ≥ MIN_K), within the latency slack, not lost at this step, if its
+        predicted lead on the incumbent reaches ln(1 + ``min_effect``); "" otherwise."""
+        bar = math.log1p(self.p.min_effect)
+        best, lead = "", bar
+        for arm in self.eligible:
+            if arm == self.incumbent or arm in self.tried or not self._may_run(arm):
+                continue
+            x = self._lead(arm)
+            if x >= lead:
+                best, lead = arm, x
+        return best
+
+    def _may_run(self, arm: str) -> bool:
+        if arm == MB:
+            return self.allow_mb and not self.stock_mixes
+        if arm.startswith(PDI):
+            return self.allow_pdi
+        if arm.startswith("eb@"):
+            return not self.n or self.k(arm) >= MIN_K
+        return arm == STOCK
+
+    def _log_move(self, arm: str, why: str, lead: float) -> None:
+        """A move the model made without a trial, in the history."""
+        self.history = [*self.history[-(HISTORY - 1):], {
+            "incumbent": self.incumbent, "challenger": arm, "theta_incumbent": self.theta(self.incumbent),
+            "theta_challenger": self.theta(arm), "started": self._last_wall, "pairs": 0, "rates": [],
+            "effect": math.nan, "predicted": math.expm1(lead), "half_width": math.nan, "decision": "model",
+            "why": why, "attainment": []}]
+
     def _ladder(self) -> list[str]:
         """With latency targets, what stock and mb try after the closed forms: EB an octave above the largest of
         them, then another, up to θ_max. The closed forms model throughput; where latency binds the best θ is set
@@ -297,6 +354,12 @@ class Tuner:
         first where the incumbent's requests missed TPOT more often than TTFT (``tpot_binds``), last otherwise;
         from pdi@N, N doubled and halved (below 1: stock), in the direction of the last win between intervals, else
         doubled first only where TPOT binds (a longer interval holds prefills back longer: TTFT grows)."""
+        pick = self.model_pick()
+        base = self._neighbours()
+        return [pick, *(a for a in base if a != pick)] if pick else base
+
+    def _neighbours(self) -> list[str]:
+        """The challengers of ``neighbours`` without the model's pick."""
         inc = self.incumbent
         mb = [MB] if self.allow_mb and not self.stock_mixes else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
@@ -553,10 +616,9 @@ class Tuner:
         t.rates.append((w.arm, rate))
         if len(t.rates) >= 3 and len(t.rates) % 2 == 1:  # a pair is complete
             d = t.diffs()
-            v = verdict(d, prior_sd=self.prior_sd, min_pairs=self.p.min_pairs, max_pairs=self.p.max_pairs,
-                        min_effect=self.p.min_effect)
+            v = self._judge(t, d)
             if v.decision and not self.thin:
-                measured = (v.effect, self._effect_var(d))
+                measured = (float(d.mean()), self._effect_var(d))
                 self._pool(d)
                 if v.decision == "win":
                     self._win(t, w, "", verdict_=v, measured=measured)
@@ -566,6 +628,16 @@ class Tuner:
                     self._start_trial(w)
                 return
         self._run(t.arm())
+
+    def _judge(self, t: Trial, d: np.ndarray) -> Verdict:
+        """The pairs' test: with the model's prediction as its prior where the model predicted this trial
+        (``prior.judge``, the prior's sd the model's record here), else ``trial.verdict``."""
+        p = self.p
+        if math.isfinite(t.predicted):
+            return prior.judge(d, predicted=t.predicted, model_sd=self.record.sd(), prior_sd=self.prior_sd,
+                               min_pairs=p.min_pairs, max_pairs=p.max_pairs, min_effect=p.min_effect)
+        return verdict(d, prior_sd=self.prior_sd, min_pairs=p.min_pairs, max_pairs=p.max_pairs,
+                       min_effect=p.min_effect)
 
     def _win(self, t: Trial, w: Window, why: str, *, measured: tuple[float, float],
              verdict_: Verdict | None = None) -> None:
@@ -701,6 +773,16 @@ class Tuner:
             every = list(dict.fromkeys(a for a in [*self.neighbours(), STOCK] if a != self.incumbent))
             options = [every[self.rechecks % len(every)]] if every else []
             self.rechecks += 1
+        if self.unverified and STOCK not in self.tried:  # the model's start-up pick is measured against stock first
+            options = [STOCK, *(a for a in options if a != STOCK)]
+        lead = self._lead(options[0]) if options else math.nan
+        if options and options[0] == self.model_pick() and prior.at_once(lead, self.record, self.p.min_effect):
+            self._log_move(options[0], f"the model's pick: predicted {math.expm1(lead):+.1%}, beyond its record "
+                                       f"(±{self.record.sd():.1%} over {self.record.n} trials)", lead)
+            self._carry_gain(Trial(self.incumbent, options[0], last.end), "win", lead, self.record.sd() ** 2)
+            self._promote(self.incumbent, options[0])
+            self._run(self.incumbent)
+            return
         if not options:
             if self.step > 1 and self.incumbent.startswith("eb@"):
                 self.step = max(self.step // 2, 1)
@@ -711,7 +793,7 @@ class Tuner:
             return
         self.trial_id += 1
         self.counts["trials"] += 1
-        t = self.trial = Trial(self.incumbent, options[0], last.end)
+        t = self.trial = Trial(self.incumbent, options[0], last.end, predicted=lead)
         if last.arm == self.incumbent == self.arm and self._counts(last):
             t.rates.append((last.arm, self._value(last)))
             if self.targets.set:
@@ -748,6 +830,8 @@ class Tuner:
             return
         if measured is not None and decision in ("win", "lose"):
             self._carry_gain(t, decision, *measured)
+            self.record = self.record.add(t.predicted, measured[0])
+        self.unverified = False
         self.counts["won" if decision == "win" else "lost" if decision == "lose" else "aborted"] += 1
         if record:
             d = t.diffs()
@@ -757,26 +841,29 @@ class Tuner:
                 "theta_challenger": self.theta(t.challenger), "started": t.started, "pairs": len(d),
                 "rates": [round(r, 3) for _, r in t.rates], "effect": math.expm1(effect),
                 "half_width": verdict_.half_width if verdict_ else math.nan, "decision": decision, "why": why,
-                "attainment": _attained(t)}]
+                "attainment": _attained(t), "predicted": math.expm1(t.predicted)}]
         if decision == "win":
-            old, new = t.incumbent, t.challenger
-            if old.startswith("eb@") and new.startswith("eb@"):
-                self.direction = 1 if int(new[3:]) < int(old[3:]) else -1
-            elif old.startswith(PDI) and new.startswith(PDI):  # +1: a longer interval
-                self.direction = 1 if self.pd_interval(new) > self.pd_interval(old) else -1
-            else:
-                self.direction = -1 if new == STOCK else 0
-            self.incumbent = new
-            self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
-            self.gain_inc = []
-            self.tried = {old}
-            self.settled = False
-            self.recheck_gap = self.p.recheck
+            self._promote(t.incumbent, t.challenger)
         elif decision == "lose":
             self.tried.add(t.challenger)
             if self.settled:
                 self._rest()
         self._run(self.incumbent)
+
+    def _promote(self, old: str, new: str) -> None:
+        """``new`` replaces the incumbent ``old``: the direction of the move, nothing of the old one's windows."""
+        if old.startswith("eb@") and new.startswith("eb@"):
+            self.direction = 1 if int(new[3:]) < int(old[3:]) else -1
+        elif old.startswith(PDI) and new.startswith(PDI):  # +1: a longer interval
+            self.direction = 1 if self.pd_interval(new) > self.pd_interval(old) else -1
+        else:
+            self.direction = -1 if new == STOCK else 0
+        self.incumbent = new
+        self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
+        self.gain_inc = []
+        self.tried = {old}
+        self.settled = False
+        self.recheck_gap = self.p.recheck
 
     def _carry_gain(self, t: Trial, decision: str, effect: float, var: float) -> None:
         """The incumbent's gain against stock after a decided trial: measured directly when one of the two arms
@@ -860,8 +947,20 @@ class Tuner:
                                               "need": self.p.window},
             "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.prior_sd,
             "reset_reason": self.reset_reason, **self.counts, "history": list(self.history), "gain": self.gain(),
-            "stock_mixes": self.stock_mixes, "slo": self.slo_status(),
+            "stock_mixes": self.stock_mixes, "slo": self.slo_status(), "model": self.model_status(),
         }
+
+    def model_status(self) -> dict[str, Any] | None:
+        """The model's ranking and its record here (``ebctl.prior``): the incumbent's predicted gain against stock
+        (beside ``gain``'s measured one), the arm it would try next, each arm's predicted gain, and its record over
+        the decided trials it predicted; None before any ranking."""
+        if not self.predicted:
+            return None
+        r = self.record
+        return {"predicted_vs_stock": math.expm1(self.predicted.get(self.incumbent, math.nan)),
+                "pick": self.model_pick(), "arms": {a: math.expm1(g) for a, g in sorted(self.predicted.items())},
+                "eligible": sorted(self.eligible), "trials": r.n, "mean_abs_error": r.mean_abs(),
+                "error_sd": r.sd(), "unverified": self.unverified}
 
     def slo_status(self) -> dict[str, Any] | None:
         """With latency targets: the targets, the objective, each arm's attainment in its last measured window and

@@ -135,7 +135,7 @@ def simulate(
         if not specs:
             raise ValueError("no policies given")
         for s in specs:  # parse them all before running any; a knob's flags must suit the engine's rules
-            src = policies.make(s, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+            src = policies.make(s, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs, profile=prof)
             if src.engine and cfg.rules != "sglang":
                 raise ValueError(f"policy {s!r} sets sglang's own flags: --engine-rules sglang only")
         if concurrency < 1:
@@ -150,7 +150,7 @@ def simulate(
     with bar:
         for spec in specs:
             task = bar.add_task(f"{spec:>14}", total=len(wl))
-            src = policies.make(spec, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs)
+            src = policies.make(spec, max_running=cfg.max_running, kv_tokens=kv, costs=prof.costs, profile=prof)
             res = runner.run(wl, src, cm, cfg, concurrency=concurrency, slo=runner.Slo(slo_ttft, slo_tpot),
                              progress=lambda done, total, t=task: bar.update(t, completed=done))
             bar.remove_task(task)

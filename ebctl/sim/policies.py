@@ -33,17 +33,18 @@ in-process controller stands for a live daemon, so its policy never expires on t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
 import numpy as np
 
-from ebctl import model
+from ebctl import model, profiles
 from ebctl.controller import Controller, ControllerParams
 from ebctl.decide import eq6
 from ebctl.estimate import fit_hazard
+from ebctl.profiles import Profile
 from ebctl.protocol import IterationReport, Mode, Policy
 
 NAMES = ("v0", "stock", "mb", "eb", "eb-auto", "eb+", "default", "sglang")
@@ -110,15 +111,20 @@ class Fixed:
 
 @dataclass
 class Auto:
-    """A ``Controller`` in-process: it sees every report and is updated after every step."""
+    """A ``Controller`` in-process: it sees every report and is updated after every step. With ``predictor``
+    (``sample, iteration costs → predictions``), the model's rankings the controller asks for are run at once:
+    simulated time stands still while they run, where the daemon runs them in a worker."""
 
     name: str
     controller: Controller
     timeline: list[ModeChange] = field(default_factory=list)
     engine: dict[str, int] = field(default_factory=dict)
+    predictor: Callable[..., tuple] | None = None
     _version: int = -1
 
     def policy(self, now: float) -> Policy | None:
+        if self.predictor is not None and (req := self.controller.prediction_request()) is not None:
+            self.controller.take_predictions(self.predictor(*req))
         p = self.controller.update(now)
         if p.version != self._version:
             self._version = p.version
@@ -159,8 +165,9 @@ def _targets(opts: dict[str, str], spec: str) -> dict[str, float]:
 
 
 def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | None = None,
-         engine_id: str = "sim") -> PolicySource:
-    """Parse a policy name (module docstring) into a source for an engine of ``max_running`` slots."""
+         engine_id: str = "sim", profile: Profile | None = None) -> PolicySource:
+    """Parse a policy name (module docstring) into a source for an engine of ``max_running`` slots; ``profile``:
+    the simulated engine's (``default:profile=engine``)."""
     spec = spec.strip()
     head, _, rest = spec.partition(":")
     if head in ("v0", "stock") and not rest:
@@ -195,8 +202,14 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
             engine[KNOBS[key]] = int(v)
         return Stock(name=spec, engine=engine)
     if head == "default":
-        return Auto(spec, Controller(ControllerParams(**_targets(_options(rest, set(SLO_OPTIONS), spec), spec)),
-                                     engine_id=engine_id))
+        o = _options(rest, {*SLO_OPTIONS, "profile"}, spec)
+        params = ControllerParams(**_targets(o, spec))
+        if "profile" not in o:
+            return Auto(spec, Controller(params, engine_id=engine_id))
+        given = _profile(o["profile"], profile, spec)
+        ctl = Controller(params, given.costs, engine_id=engine_id, cost_source=f"profile:{given.name}",
+                         predictive=True)
+        return Auto(spec, ctl, predictor=_predictor(given))
     if head in ("eb-auto", "eb+"):
         o = _options(rest, AUTO_OPTIONS, spec)
         method = o.get("method", "paper")
@@ -214,6 +227,26 @@ def make(spec: str, *, max_running: int, kv_tokens: int, costs: model.Costs | No
             **({"theta_min": pin, "theta_max": pin} if math.isfinite(pin) else {}))
         return Auto(spec, Controller(params, costs, engine_id=engine_id, cost_source="profile" if costs else ""))
     raise ValueError(f"unknown policy {spec!r}: {KNOWN}")
+
+
+def _profile(name: str, engine: Profile | None, spec: str) -> Profile:
+    """``default:profile=``'s profile: ``engine``, the simulated engine's own; else a preset or a file."""
+    if name == "engine":
+        if engine is None:
+            raise ValueError(f"policy {spec!r}: profile=engine needs the engine's profile")
+        return engine
+    try:
+        return profiles.load(name)
+    except (OSError, profiles.ProfileError) as e:
+        raise ValueError(f"policy {spec!r}: {e}") from None
+
+
+def _predictor(prof: Profile) -> Callable[..., tuple]:
+    """The model's ranking on ``prof``'s costs (``ebctl.predict``; the online fits where the request names them)."""
+    from ebctl import predict
+    from ebctl.sim.costs import build
+    cm = build(prof)
+    return lambda sample, fits: predict.predict(sample, predict.cost_model(cm, fits))
 
 
 def split_specs(text: str) -> list[str]:

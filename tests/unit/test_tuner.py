@@ -541,3 +541,58 @@ def test_mean_var_allows_for_the_windows_lag_one_autocorrelation():
     # under four windows ρ is not estimated: (1, 3): s² = 2, var = 1
     assert mean_var([1.0, 3.0]) == (2.0, 1.0)
     assert mean_var([5.0, 5.0, 5.0]) == (5.0, 0.0)
+
+
+# --- the model's ranking (ebctl/prior.py, Tuner.set_predictions) ----------------------------------------------
+def _starting(**kw) -> Tuner:
+    t = Tuner(TunerParams(window=50, **kw))
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, steady=False)
+    return t
+
+
+def test_the_models_pick_runs_from_the_start_up_and_is_verified_against_stock():
+    """Before the first trial the model's best eligible arm becomes the incumbent (mb, predicted faster, is not
+    eligible: its latency); the first trial is stock against it. The engine runs it 5% ahead as predicted: stock
+    loses, and the record holds that trial, predicted −5% (stock against the pick), measured about the same."""
+    t = _starting()
+    eb = t.eb_arm(0.4)
+    t.set_predictions({STOCK: 0.0, MB: 0.08, eb: 0.05}, {STOCK, eb})
+    assert t.incumbent == t.arm == eb and t.unverified
+    assert t.history[-1]["decision"] == "model" and t.history[-1]["predicted"] == pytest.approx(math.expm1(0.05))
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, steady=True)
+    eng = Engine(t, lambda arm: 1.05 if arm == eb else 1.0)
+    while t.counts["trials"] < 1 or t.trial is not None:
+        eng.cycle()
+    first = t.history[1]
+    assert (first["incumbent"], first["challenger"], first["decision"]) == (eb, STOCK, "lose")
+    assert t.incumbent == eb and not t.unverified and t.record.n == 1
+    assert t.record.predicted[0] == pytest.approx(-0.05)
+    assert t.record.measured[0] == pytest.approx(-math.log(1.05), abs=0.01)
+    m = t.status()["model"]
+    assert m["trials"] == 1 and m["predicted_vs_stock"] == pytest.approx(math.expm1(0.05))
+
+
+def test_a_wrong_model_is_caught_by_the_verification_trial():
+    """The model says EB(0.4) runs 5% ahead; the engine runs it 5% behind. Stock wins the first trial and the
+    record's error, measured − predicted, is about +10 points."""
+    t = _starting()
+    eb = t.eb_arm(0.4)
+    t.set_predictions({STOCK: 0.0, eb: 0.05}, {STOCK, eb})
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, steady=True)
+    eng = Engine(t, lambda arm: 0.95 if arm == eb else 1.0)
+    while t.counts["trials"] < 1 or t.trial is not None:
+        eng.cycle()
+    assert t.history[1]["decision"] == "win" and t.incumbent == STOCK
+    assert t.record.errors()[0] == pytest.approx(-math.log(0.95) + 0.05, abs=0.01)
+
+
+def test_the_models_pick_comes_first_only_where_it_may_run_and_leads_enough():
+    t = _tuner(min_effect=0.005)
+    eb = t.eb_arm(0.4)
+    # pdi arms may not run here (the engine does not apply pd_interval); a lead under ln(1.005) picks nothing
+    t.set_predictions({STOCK: 0.0, "pdi@8": 0.09, eb: 0.004}, {STOCK, "pdi@8", eb})
+    assert t.model_pick() == "" and t.incumbent == STOCK  # steady already: no start-up pick
+    t.set_predictions({STOCK: 0.0, "pdi@8": 0.09, eb: 0.03, t.eb_arm(0.2): 0.02}, {STOCK, "pdi@8", eb})
+    assert t.model_pick() == eb and t.neighbours()[0] == eb and MB in t.neighbours()
+    t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, allow_pdi=True)
+    assert t.model_pick() == "pdi@8"
