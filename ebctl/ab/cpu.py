@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ def venv(given: str | None) -> Path:
     if not python.exists():
         raise NoCheckout(f"--venv {path}: no bin/python there (build it with bash tools/sglang_env.sh)")
     code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
-    p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/")
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the server will import it
+    p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/", env=clean)
     if p.returncode != 0 or not all(x.startswith(str(CHECKOUT)) for x in p.stdout.split()):
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
                         str(CHECKOUT)], check=True)

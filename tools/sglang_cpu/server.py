@@ -80,7 +80,9 @@ def ensure_installed(venv: Path) -> None:
     """This checkout, editable and without dependencies, in the SGLang environment (its servers load the
     plugin from there)."""
     code = "import ebctl, sglang_patch; print(ebctl.__file__, sglang_patch.__file__)"
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/")
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the server will import it
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/",
+                       env=clean)
     if p.returncode != 0 or not all(x.startswith(str(REPO)) for x in p.stdout.split()):
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "-e",
                         str(REPO)], check=True)
