@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ebctl import model, predict
 from ebctl.costfit import CostChoice, OnlineCosts
 from ebctl.decide import COLD_DEFER_S, Carry, Snapshot, decide, defer_clock, estimates, pinned
@@ -246,14 +248,14 @@ class Controller:
         the profile's costs). Asked by whoever runs the model (the daemon's worker, the simulator's source) off the
         per-report path; one at a time (``take_predictions`` or ``prediction_failed`` ends it), every
         ``PREDICT_EVERY`` completions, from the first recompute on. The costs in use: the online fits once the
-        prefill and decode fits (and the mixed one, on an engine that can mix) have passed, the profile's before;
-        without a profile (``predictive``) nothing until the fits pass."""
+        prefill and decode fits (and the mixed one, on an engine that can mix) have passed, the profile's before.
+        Only where a profile was given (``predictive``): without one the search runs as it did, unranked."""
         if not self.measured or self.fit is None or self._predict_asked or self.seen.completions < self._predict_at:
             return None
         oc, o = self.online_costs, self.seen
         kinds = [BatchKind.PREFILL, BatchKind.DECODE] + ([] if o.mixed_unavailable else [BatchKind.MIXED])
         online = self.params.cost_online and all(oc.passed(k) for k in kinds)
-        if not (online or self.predictive) or o.kv_total <= 0 or len(o.window) < self.params.min_window:
+        if not self.predictive or o.kv_total <= 0 or len(o.window) < self.params.min_window:
             return None
         view, t = self._view(), self.tuner
         names = [STOCK, *([MB] if t.allow_mb and not t.stock_mixes else []),
@@ -273,7 +275,7 @@ class Controller:
         sample = predict.Sample(tuple(int(x) for x in o.window.inputs()), tuple(int(x) for x in o.window.outputs()),
                                 concurrency=c, slots=self.n_limit, kv_tokens=o.kv_total,
                                 token_budget=max(o.max_prefill, 1), mixed_chunk=t.stock_mixes, arms=tuple(arms),
-                                requests=min(max(predict.MAX_REQUESTS, 2 * c), 2 * predict.MAX_REQUESTS),
+                                requests=predict.requests_for(c, self.n_limit, float(np.mean(o.window.outputs()))),
                                 slo_ttft_s=tg.ttft_s, slo_tpot_s=tg.tpot_s)
         self._predict_asked = True
         return sample, (oc.iteration_costs() if online else None)

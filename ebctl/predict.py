@@ -23,6 +23,15 @@ import numpy as np
 from ebctl.protocol import Mode, Policy
 
 MAX_REQUESTS = 4000  # requests simulated per arm at most (the daemon's budget: docs/benchmarks.md)
+STEPS_PER_ARM = 20_000  # ... and about this many decode steps per arm: a small batch runs many steps per request
+
+
+def requests_for(concurrency: int, slots: int, mean_output: float) -> int:
+    """Requests to simulate per arm: about ``STEPS_PER_ARM`` decode steps of min(concurrency, slots) rows, at least
+    three batches' turnover, at most ``MAX_REQUESTS`` (and at least twice the concurrency, up to twice that)."""
+    batch = max(min(concurrency, slots), 1)
+    by_steps = int(STEPS_PER_ARM * batch / max(mean_output, 1.0))
+    return max(min(by_steps, MAX_REQUESTS), min(2 * concurrency, 2 * MAX_REQUESTS), 3 * batch, 50)
 
 
 @dataclass(frozen=True, slots=True)

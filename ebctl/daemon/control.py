@@ -297,6 +297,7 @@ class ControlOps:
                 if "daemon.profile" in changed:
                     eng.controller.base_costs = costs or DEFAULT_COSTS
                     eng.controller.base_cost_source = source or "default"
+                    eng.controller.predictive = bool(new.daemon.profile)
                 eng.controller.set_params(new.controller)
                 eng.controller.update(now, at_once=True)  # recomputes now if the window allows; published by the shell
         log.info("config changed: %s", ", ".join(f"{k}={v[1]!r}" for k, v in changed.items()) or "nothing")

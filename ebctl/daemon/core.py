@@ -237,7 +237,8 @@ class Daemon:
                 f"engine {engine_id!r}: more than daemon.max_engines={s.cfg.daemon.max_engines} engines"),
                 "report", "bound:engines")
             return None
-        ctl = Controller(s.cfg.controller, s.costs, engine_id=engine_id, cost_source=s.cost_source)
+        ctl = Controller(s.cfg.controller, s.costs, engine_id=engine_id, cost_source=s.cost_source,
+                         predictive=bool(s.cfg.daemon.profile))  # the model ranks the arms (``predictor``)
         eng = self.engines[engine_id] = Engine(ctl, topic(engine_id), created=mono)
         log.info("new engine %r", engine_id)
         return eng

@@ -29,6 +29,7 @@ from ebctl import bounds, security
 from ebctl.config import Config, ConfigError
 from ebctl.daemon.control import preflight
 from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
+from ebctl.daemon.predictor import Predictor
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Counters, Engine
 from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Mode, Policy, encode, for_version
 
@@ -74,6 +75,7 @@ class Shell:
         self._pub: zmq.Socket | None = None
         self._lock_fd = -1
         self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
+        self.predictor = Predictor()  # the model's rankings, in a worker process (``ebctl.daemon.predictor``)
 
     def run(self) -> int:
         """Serve until stopped. 0: clean stop; 2: refused (security/config); 1: could not start."""
@@ -115,6 +117,7 @@ class Shell:
                 path.unlink(missing_ok=True)  # libzmq leaves ipc socket files behind
             if auth is not None:
                 auth.stop()
+            self.predictor.close()
             ctx.term()
             if http is not None:
                 http.shutdown()
@@ -203,6 +206,8 @@ class Shell:
                 self._contained("publish", self._publish_changed, now, mono)
             if mono >= next_republish:
                 self._contained("republish", self._republish, now, mono)
+                self._contained("ranking", self.predictor.poll, self.core.engines, self.core.cfg.daemon.profile,
+                                mono)
                 next_republish = mono + self.core.cfg.daemon.republish_s
             if mono >= next_check:
                 next_check = mono + RUN_DIR_CHECK_S
