@@ -402,6 +402,24 @@ def gain_text(st: dict[str, Any]) -> str:
     return gain + trials + f" · {cost} of {age(g.get('elapsed_s'))}"
 
 
+def model_text(st: dict[str, Any]) -> str:
+    """The model's word beside the measurement (``Tuner.model_status``): the running arm's predicted gain against
+    stock, the measured one, and the model's record on this engine ("" before any ranking)."""
+    tu = st.get("tuner") if isinstance(st.get("tuner"), dict) else {}
+    m = tu.get("model")
+    if not isinstance(m, dict):
+        return ""
+    g = st.get("gain") if isinstance(st.get("gain"), dict) else {}
+    n = m.get("trials")
+    err = m.get("mean_abs_error")
+    record = (f"{n} trial{'' if n == 1 else 's'}, mean |error| {err * 100:.1f} pt" if isinstance(n, int) and n
+              and _finite(err) else "no trial yet")
+    unverified = " (not measured yet)" if m.get("unverified") else ""
+    pick = f" · next: {m['pick']}" if m.get("pick") else ""
+    return (f"predicted {_pct(m.get('predicted_vs_stock'))}, measured {_pct(g.get('vs_stock'))}{unverified} "
+            f"[{_pct(g.get('low'))}, {_pct(g.get('high'))}]; {record}{pick}")
+
+
 def _targets(st: dict[str, Any]) -> str:
     """The latency targets of an engine's status ("" when none is set)."""
     slo = st.get("slo") if isinstance(st.get("slo"), dict) else {}
@@ -472,6 +490,8 @@ def engine_block(engine_id: str, st: dict[str, Any], daemon_protocol: Any = None
              ("window", num(st.get("n_window", st.get("window")))),
              ("KV res.", "—" if not isinstance(kv, int | float) else f"{kv:.1%}")]
     helps = [_line(("  helps ", "cyan"), gain_text(st))] if isinstance(st.get("gain"), dict) else []
+    if model_text(st):
+        helps.append(_line(("  model ", "cyan"), model_text(st)))
     if _targets(st):
         helps.append(_line(("  slo   ", "cyan"), slo_text(st)))
     rows: list[Any] = [head, *helps, _grid(cells),
@@ -545,6 +565,9 @@ LEGEND = (
     ("helps", "what the running arm buys against stock: the ratio of output tokens/s (goodput with targets) over "
               "the windows of completions the tuner measured each on, with its 95% interval; the trials the search "
               "ran; what exploring has cost (or gained) so far, net, as a share of the time since the first report"),
+    ("model", "with a profile (daemon.profile): the running arm's gain against stock as the engine simulator "
+              "predicts it on the served requests, beside the measured one; the model's record on this engine "
+              "(decided trials it predicted, mean |predicted − measured|); the arm it would try next"),
     ("mode", "eb: exclusive batching (prefill and decode in separate batches); mb: mixed batches; off: stock "
              "sglang; pdi N: sglang's --prefill-decode-interval N"),
     ("k, N", "EB refills when k of the N slots are free; N is the running batch's cap (N/limit: the engine's own)"),

@@ -117,3 +117,16 @@ def test_the_plugin_row_names_its_version_and_an_older_protocol():
     assert plugin_text({"plugin_version": "", "plugin_protocol": 1}, 2)[0] == (
         "version unknown (protocol 1, older than the daemon's 2)")  # a version-1 plugin does not say its version
     assert plugin_text({}, 2) == ("", "")  # a block with nothing from the plugin has no plugin row
+
+
+def test_the_model_line_puts_the_prediction_beside_the_measurement():
+    from ebctl.cli.view import model_text
+
+    st = {"tuner": {"incumbent": "pdi@4", "model": {"predicted_vs_stock": 0.031, "trials": 4, "mean_abs_error": 0.006,
+                                                    "pick": "", "unverified": False}},
+          "gain": {"vs_stock": 0.028, "low": 0.010, "high": 0.046}}
+    assert model_text(st) == "predicted +3.1%, measured +2.8% [+1.0%, +4.6%]; 4 trials, mean |error| 0.6 pt"
+    st["tuner"]["model"].update(trials=0, mean_abs_error=math.nan, unverified=True, pick="eb@8")
+    assert model_text(st) == ("predicted +3.1%, measured +2.8% (not measured yet) [+1.0%, +4.6%]; no trial yet"
+                              " · next: eb@8")
+    assert model_text({"tuner": {"model": None}}) == ""
