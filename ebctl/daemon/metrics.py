@@ -109,6 +109,10 @@ class DaemonCollector(Collector):
                       "(all), or within one (ttft, tpot), over the last minute (NaN without targets)", "which")
         goodput_g = gauge("goodput_tokens_per_second", "output tokens/s of the requests within every set target, "
                           "over the last minute")
+        model_g = gauge("model_predicted_gain", "with a profile: the running arm's gain against stock as the model "
+                        "predicts it (ratio − 1; NaN before a ranking)")
+        model_e = gauge("model_mean_abs_error", "with a profile: the model's mean |predicted − measured| ln ratio over "
+                        "the decided trials it predicted on this engine (NaN before one)")
         arm_att = gauge("tuner_arm_attainment", "measured θ with targets: each arm's attainment in its last "
                         "measured window", "arm")
         for eid, eng in engines:
@@ -155,6 +159,9 @@ class DaemonCollector(Collector):
                     trials.add_metric([eid, outcome], tu[outcome])
                 for arm, share in ((tu.get("slo") or {}).get("arms") or {}).items():
                     arm_att.add_metric([eid, arm], share)
+                m = tu.get("model") or {}
+                model_g.add_metric([eid], m.get("predicted_vs_stock", math.nan))
+                model_e.add_metric([eid], m.get("mean_abs_error", math.nan))
             slo = st["slo"]
             slo_t.add_metric([eid, "ttft"], slo["ttft_s"])
             slo_t.add_metric([eid, "tpot"], slo["tpot_s"])
@@ -165,7 +172,7 @@ class DaemonCollector(Collector):
             probe_s.add_metric([eid], st["probes"]["seconds"])
         yield from (*est_g.values(), k_g, n_g, n_obs, kv_g, pdi_g, mode_g, ver_g, age_g, cost_g, err_g, use_g, reports,
                     updates, gaps, gate, defer_g, group_g, arm_g, arm_mode, trials, probes, probe_s, tok_g, gain_g,
-                    explore_g, slo_t, slo_a, goodput_g, arm_att)
+                    explore_g, slo_t, slo_a, goodput_g, arm_att, model_g, model_e)
         c = self._counters
         rejected = CounterMetricFamily(f"{PREFIX}_rejected", "frames refused, by socket and reason",
                                        labels=["socket", "reason"])

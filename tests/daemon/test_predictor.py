@@ -4,12 +4,16 @@ process behind."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import time
 
+import pytest
+
 from ebctl import predict, profiles
 from ebctl.controller import Controller
+from ebctl.daemon import Daemon
 from ebctl.daemon.predictor import Predictor
 from ebctl.daemon.records import Engine
 from ebctl.params import ControllerParams
@@ -39,7 +43,7 @@ def _until(pred, timeout=240.0):
     return False
 
 
-def test_a_worker_ranks_the_arms_and_the_tuner_gets_them():
+def test_a_worker_ranks_the_arms_and_the_tuner_gets_them(fast_cfg):
     ctl = _served()
     engines = {"e": Engine(ctl, b"e", created=0.0)}
     p = Predictor()
@@ -61,6 +65,12 @@ def test_a_worker_ranks_the_arms_and_the_tuner_gets_them():
     assert {"stock", "mb"} <= names and any(n.startswith("eb@") for n in names)
     model = ctl.tuner.status()["model"]
     assert model is not None and model["arms"]["stock"] == 0.0 and set(model["arms"]) == names
+    # the exporter has the running arm's predicted gain (the model's own figure for it) and no record yet
+    d = Daemon(fast_cfg)
+    d.engines["e"] = engines["e"]
+    got = d.registry.get_sample_value("ebctl_model_predicted_gain", {"engine": "e"})
+    assert got == pytest.approx(model["predicted_vs_stock"])
+    assert math.isnan(d.registry.get_sample_value("ebctl_model_mean_abs_error", {"engine": "e"}))
 
 
 def test_a_ranking_that_fails_leaves_the_search_unranked():
