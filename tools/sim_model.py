@@ -130,6 +130,11 @@ def judge(rows: list[dict[str, Any]], slack: float) -> dict[str, Any]:
     return {"best_half": best_half["policy"], "best_whole": best_whole["policy"]}
 
 
+def _record(r: dict[str, Any]) -> str:
+    n, err = r["n"], r["mean_abs_error"]
+    return "no trial predicted" if not n else f"model's record: {n} trials, mean |error| {err * 100:.1f} pt"
+
+
 def report(cells: dict[str, dict[str, Any]], command: str) -> str:
     lines = ["# The default with the engine's profile, in the simulator", "",
              f"`{command}` (tools/sim_model.py; its docstring says what each figure is).", "",
@@ -149,8 +154,7 @@ def report(cells: dict[str, dict[str, Any]], command: str) -> str:
         wrong_text = "-" if wrong is None else f"{wrong['vs_stock_half']:.3f} of stock"
         lines.append(f"| {name} | {best['policy']} | {best['vs_stock_half'] - 1:+.1%} | {f(by['eb+'])} | "
                      f"{f(by['default'])} | {f(mine)} | {wrong_text} | {f(mine, 'vs_best_whole')} | "
-                     f"{mine.get('ended', '-')} ({mine.get('trials', 0)} trials; record {mine['record']['n']}, "
-                     f"mean abs error {mine['record']['mean_abs_error'] * 100:.1f} pt) |")
+                     f"{mine.get('ended', '-')} ({mine.get('trials', 0)} trials; {_record(mine['record'])}) |")
     lines += ["", "Ratios are to the best eligible static setting's output tok/s over the second half (the whole run "
               "for the 'whole run' column); 'wrong profile' is the default given the other GPU's profile, over "
               "stock's second half."]
