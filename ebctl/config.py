@@ -184,6 +184,9 @@ _CONTROLLER_SPECS: dict[str, Spec] = {
     "ttl_s": Spec(float, "policy lifetime at the engine (s); then stock behaviour", 0.1, 86_400),
     "cost_online": Spec(bool, "fit the iteration costs from the reports; their α/β replace the profile's once "
                         "the fits pass"),
+    "predict": Spec(bool, "measured: with a profile (daemon.profile), the engine simulator ranks the arms on the "
+                    "served requests, in a worker process of the daemon, before and beside the trials "
+                    "(docs/controller.md); false: the search runs unranked, no worker"),
     "cost_max_rel_err": Spec(float, "an online cost fit is used when its median relative error on held-out "
                              "iterations is at most this and not above the training mean's (a mixed fit worse "
                              "than the mean, where the mean passes, is the flat cost at the mean); replaces "

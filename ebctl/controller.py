@@ -255,7 +255,7 @@ class Controller:
         oc, o = self.online_costs, self.seen
         kinds = [BatchKind.PREFILL, BatchKind.DECODE] + ([] if o.mixed_unavailable else [BatchKind.MIXED])
         online = self.params.cost_online and all(oc.passed(k) for k in kinds)
-        if not self.predictive or o.kv_total <= 0 or len(o.window) < self.params.min_window:
+        if not (self.predictive and self.params.predict) or o.kv_total <= 0 or len(o.window) < self.params.min_window:
             return None
         view, t = self._view(), self.tuner
         running = [t.incumbent, *((t.trial.incumbent, t.trial.challenger) if t.trial is not None else ())]

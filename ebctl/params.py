@@ -82,6 +82,7 @@ class ControllerParams:
     defer_factor: float = 4.0  # auto bound: this many times the expected time to free k slots
     ttl_s: float = 10.0  # policy lifetime at the engine
     cost_online: bool = True  # fit α/β from iteration reports, replacing the profile once the fits pass
+    predict: bool = True  # with a profile, the model ranks the arms (``ebctl.predict``; the daemon's worker process)
     cost_max_rel_err: float = 0.20  # a cost fit passes at this held-out median relative error (costmodel.judge)
     cost_window: int = 2000  # iterations kept per batch kind
     cost_stale_s: float = 1800.0  # a fit with no iteration of its kind for this long is stale (eb+ probes it)

@@ -156,7 +156,9 @@ def later_run(venv: Path, model: Path, work: Path, seconds: float, prof_path: Pa
     """Step 2: a fresh daemon seeded with the profile, a tap, the same server; workload B; the reports."""
     daemon = tap = server = None
     try:
-        daemon = Daemon(work, {**dict(kv.split("=", 1) for kv in sets), "daemon.profile": str(prof_path)})
+        # the model's rankings off: its worker would share the CPU with the server whose iterations are judged
+        daemon = Daemon(work, {**dict(kv.split("=", 1) for kv in sets), "daemon.profile": str(prof_path),
+                               "controller.predict": "false"})
         tap = Tap(work, daemon.cfg.endpoint("telemetry"))
         server = Server(venv, model, work, SERVER_ARGS, ebctl_config=engine_config(work, daemon, tap))
         warm_shapes(server.url, CHUNK)  # the profile describes a warmed engine: judged on one

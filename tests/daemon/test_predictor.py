@@ -24,10 +24,10 @@ from ebctl.sim.policies import Auto
 PROFILE = "qwen3-8b/h200"
 
 
-def _served(predictive: bool = True) -> Controller:
+def _served(predictive: bool = True, **params) -> Controller:
     """A controller that has watched a small simulated engine serve 600 requests (no rankings run)."""
     prof = profiles.load(PROFILE)
-    ctl = Controller(ControllerParams(), prof.costs, engine_id="e", cost_source=f"profile:{prof.name}",
+    ctl = Controller(ControllerParams(**params), prof.costs, engine_id="e", cost_source=f"profile:{prof.name}",
                      predictive=predictive)
     runner.run(workloads.load("azure-conv", 600, seed=0), Auto("default", ctl), costs.build(prof),
                EngineConfig(max_running=64, kv_tokens=60_000), concurrency=128)
@@ -86,5 +86,6 @@ def test_a_ranking_that_fails_leaves_the_search_unranked():
     assert ctl.prediction_request() is None  # asked again only after PREDICT_EVERY more completions
 
 
-def test_without_a_profile_nothing_is_asked():
+def test_without_a_profile_or_with_predict_off_nothing_is_asked():
     assert _served(predictive=False).prediction_request() is None
+    assert _served(predict=False).prediction_request() is None
