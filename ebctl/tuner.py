@@ -56,6 +56,12 @@ EB's refills cost latency (without latency targets only). The incumbent's gain a
 ``ebctl status`` shows as "is it helping": its windows since it won against stock's last ones, or, until it has run
 three, the figure carried along the trials that led to it.
 
+**The model** (with a profile; ``set_predictions``): the controller hands in the engine simulator's ranking of the
+arms on the served requests (``ebctl.predict``). Before the first trial the model's pick becomes the incumbent at
+once, and its first trial is against stock (``unverified``); after it the pick is tried first (``neighbours``); a
+trial the model predicted is judged with the prediction as its prior, weighed by the model's record on this engine
+(``ebctl.prior``), and its outcome adds to that record.
+
 **Drift**: the controller calls :meth:`Tuner.reset` when the request mix moved; the trial in progress is dropped, the
 search starts again from the incumbent with its largest step.
 
