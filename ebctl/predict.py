@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ebctl import slo
 from ebctl.protocol import Mode, Policy
 
 MAX_REQUESTS = 4000  # requests simulated per arm at most (the daemon's budget: docs/benchmarks.md)
@@ -161,8 +162,10 @@ def cost_model(profile_model: object | None, iteration_costs: object | None) -> 
 
 
 def gains(preds: tuple[Prediction, ...], *, against: str, goodput: bool = False) -> dict[str, float]:
-    """Each arm's predicted ln ratio to the arm ``against`` (throughput, or goodput with ``goodput``); NaN where
-    either is not positive."""
-    by = {p.arm: (p.goodput_tok_s if goodput else p.tok_s) for p in preds}
+    """Each arm's predicted ln ratio to the arm ``against``: of throughput, or with ``goodput`` of what the tuner
+    compares windows by under targets (``slo.value``: the rate × the share within them, at least ``slo.FLOOR``, so
+    that an arm meeting none does not make every ratio to it unbounded); NaN where either is not positive."""
+    by = {p.arm: (slo.value(p.tok_s, p.goodput_tok_s / p.tok_s if p.tok_s > 0 else math.nan) if goodput else p.tok_s)
+          for p in preds}
     ref = by.get(against, math.nan)
     return {a: math.log(v / ref) if v > 0 and ref > 0 else math.nan for a, v in by.items()}

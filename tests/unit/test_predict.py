@@ -45,6 +45,9 @@ def test_gains_and_the_cost_model_a_request_names():
     g = gains(preds, against="stock")
     assert g["mb"] == pytest.approx(math.log(1.1)) and math.isnan(g["eb@4"])
     assert gains(preds, against="stock", goodput=True)["mb"] == pytest.approx(math.log(0.8))
+    # under targets an arm meeting none is worth its rate × 1% (slo.FLOOR), as the tuner's windows are
+    none = (Prediction("stock", 100.0, 1, 1, 0.0, 1), Prediction("pdi@8", 100.0, 1, 1, 30.0, 1))
+    assert gains(none, against="stock", goodput=True)["pdi@8"] == pytest.approx(math.log(30 / 1))
     profile = object()
     assert cost_model(profile, None) is profile
     with pytest.raises(ValueError, match="no costs to predict with"):
