@@ -259,12 +259,11 @@ class Controller:
             return None
         view, t = self._view(), self.tuner
         running = [t.incumbent, *((t.trial.incumbent, t.trial.challenger) if t.trial is not None else ())]
-        names = [STOCK, *running, *([MB] if t.allow_mb and not t.stock_mixes else []),
-                 *(f"eb@{j}" for j in range(0, t.top + 1, QUARTERS)), *t.entries,
-                 *([f"{PDI}{n}" for n in PD_INTERVALS] if view.pd_interval_available else [])]
+        names = [STOCK, *running, MB, *(f"eb@{j}" for j in range(0, t.top + 1, QUARTERS)), *t.entries,
+                 *(f"{PDI}{n}" for n in PD_INTERVALS)]
         arms, seen = [], set()
         for name in dict.fromkeys(names):  # the arms running now first: their trials are judged with the ranking
-            if name.startswith("eb@") and t.k(name) < 2 and name not in running:
+            if not (t.may_run(name) or name in running):
                 continue
             mode, _, n, k, kv = self.steer.arm(name, view)
             key = (mode, n, k, t.pd_interval(name))

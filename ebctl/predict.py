@@ -113,41 +113,33 @@ def predict(sample: Sample, cost_model: object) -> tuple[Prediction, ...]:
         src = Stock(name=arm.name) if pol is None else Fixed(arm.name, pol)
         res = run(work, src, cost_model, base, concurrency=sample.concurrency, slo=slo, keep_engine=True)
         req = res["_engine"].req.arrays()
-        ttft, tpot, steady = _steady_latency(req)
+        ttft, tpot, share = _steady(req, slo)
         tok = float(res["steady_tok_per_s"])
-        good = tok * _share_within(req, steady, slo) if targets else tok
+        good = tok * share if targets else tok
         out.append(Prediction(arm.name, tok, ttft, tpot, good, float(res["makespan_s"])))
     return tuple(out)
 
 
-def _steady_latency(req: dict[str, np.ndarray]) -> tuple[float, float, np.ndarray]:
-    """TTFT and TPOT p99 of the requests finishing in the steady span (20th-80th percentile finish times, as
-    ``ebctl.sim.metrics`` reads the steady throughput), and that selection."""
+def _steady(req: dict[str, np.ndarray], slo: object) -> tuple[float, float, float]:
+    """Of the requests finishing in the steady span (20th-80th percentile finish times, as ``ebctl.sim.metrics``
+    reads the steady throughput): TTFT p99, TPOT p99 (outputs of more than one token), and the share of their
+    output tokens whose request met every target (``ebctl.slo``'s rule: a one-token output meets TPOT)."""
     finish, first, arrival, out = req["finish"], req["first_token"], req["arrival"], req["output_len"]
     ok = np.isfinite(finish)
     if np.count_nonzero(ok) < 10:
-        return math.nan, math.nan, ok
+        return math.nan, math.nan, 0.0
     ta, tb = np.percentile(finish[ok], [20, 80])
     sel = ok & (finish > ta) & (finish <= tb)
-    ttft = first[sel] - arrival[sel]
-    multi = sel & (out > 1)
-    tpot = (finish[multi] - first[multi]) / (out[multi] - 1)
-    return _p99(ttft), _p99(tpot), sel
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ttft = first - arrival
+        tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
+    within = sel & (ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)
+    share = float(out[within].sum() / max(out[sel].sum(), 1))
+    return _p99(ttft[sel]), _p99(tpot[sel & (out > 1)]), share
 
 
 def _p99(x: np.ndarray) -> float:
     return float(np.percentile(x, 99)) if x.size else math.nan
-
-
-def _share_within(req: dict[str, np.ndarray], sel: np.ndarray, slo: object) -> float:
-    """The share of the steady requests' output tokens whose request met every target (``ebctl.slo``'s rule)."""
-    out, first, arrival, finish = req["output_len"], req["first_token"], req["arrival"], req["finish"]
-    if not sel.any():
-        return 0.0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0)
-    within = sel & (first - arrival <= slo.ttft_s) & (tpot <= slo.tpot_s)
-    return float(out[within].sum() / max(out[sel].sum(), 1))
 
 
 def cost_model(profile_model: object | None, iteration_costs: object | None) -> object:

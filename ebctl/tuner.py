@@ -289,14 +289,16 @@ class Tuner:
         bar = math.log1p(self.p.min_effect)
         best, lead = "", bar
         for arm in self.eligible:
-            if arm == self.incumbent or arm in self.tried or not self._may_run(arm):
+            if arm == self.incumbent or arm in self.tried or not self.may_run(arm):
                 continue
             x = self._lead(arm)
             if x >= lead:
                 best, lead = arm, x
         return best
 
-    def _may_run(self, arm: str) -> bool:
+    def may_run(self, arm: str) -> bool:
+        """May ``arm`` run on this engine: mb where it differs from stock, pdi where the engine applies it, EB with
+        k ≥ MIN_K at the engine's N."""
         if arm == MB:
             return self.allow_mb and not self.stock_mixes
         if arm.startswith(PDI):
@@ -367,7 +369,7 @@ class Tuner:
     def _neighbours(self) -> list[str]:
         """The challengers of ``neighbours`` without the model's pick."""
         inc = self.incumbent
-        mb = [MB] if self.allow_mb and not self.stock_mixes else []
+        mb = [MB] if self.may_run(MB) else []
         if inc in (STOCK, MB):  # mb first: its trials are the cheapest (no cycles, the least to wash out)
             own, eb = [STOCK] if inc == MB else mb, [*self.entries, *self._ladder()]
             if not (self.targets.set and self.allow_pdi):
