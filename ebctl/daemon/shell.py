@@ -5,7 +5,8 @@ monitors), the poll loop, publishing and republishing policies, signals, and the
 is set or SIGTERM/SIGINT arrives: telemetry frames go to ``core.ingest``, control requests to
 ``core.handle_control``, SIGHUP to ``core.reload``; the engines and dispatchers whose policy changed are published
 from ``core.engines`` and ``core.dispatch``. The shell owns the sockets, the lock and the timers, and counts its own
-events (publishes, handshakes, faults) in ``core.counters``.
+events (publishes, handshakes, faults) in ``core.counters``. Once a minute, on the republish tick, freed heap goes
+back to the system (``ebctl.daemon.trim``: after a stopped daemon's backlog glibc would keep its peak).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ebctl.daemon.control import preflight
 from ebctl.daemon.dispatch import DispatchRecord, DispatchSide
 from ebctl.daemon.predictor import Predictor
 from ebctl.daemon.records import HANDSHAKE_EVENTS, Counters, Engine
+from ebctl.daemon.trim import Trimmer
 from ebctl.protocol import PROTOCOL_VERSION, ControlReply, Mode, Policy, encode, for_version
 
 log = logging.getLogger("ebctl.daemon")
@@ -76,6 +78,7 @@ class Shell:
         self._lock_fd = -1
         self.exit_code = 0  # what ``run`` returns after a clean stop (1: the runtime directory disappeared)
         self.predictor = Predictor()  # the model's rankings, in a worker process (``ebctl.daemon.predictor``)
+        self.trimmer = Trimmer()  # freed heap back to the system after a burst (``ebctl.daemon.trim``)
 
     def run(self) -> int:
         """Serve until stopped. 0: clean stop; 2: refused (security/config); 1: could not start."""
@@ -209,6 +212,8 @@ class Shell:
                 self._contained("ranking", self.predictor.poll, self.core.engines, self.core.cfg.daemon.profile,
                                 mono)
                 next_republish = mono + self.core.cfg.daemon.republish_s
+                if self.trimmer.due(mono):
+                    self._contained("trim", self.trimmer.trim)
             if mono >= next_check:
                 next_check = mono + RUN_DIR_CHECK_S
                 if (gone := self._run_dir_gone()) is not None:
