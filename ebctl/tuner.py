@@ -70,21 +70,19 @@ Pure: reports and policy versions in, the arm to run out; no clock (time comes i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
-from ebctl import prior, slo
+from ebctl import arms, prior, slo
+from ebctl.arms import MB, MIN_K, PD_FIRST, PDI, QUARTERS, STOCK, Grid, settle
+from ebctl.arms import PROBE as PROBE  # the arms are ebctl.arms'; their names importable from here too
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
 
-STOCK, MB = "stock", "mb"
-PDI = "pdi@"  # pdi@N: stock with sglang's --prefill-decode-interval at N (policy ``pd_interval``); targets only
-PD_FIRST, PD_MAX = 8, 32  # the interval tried first, and the largest (sglang_patch: any N; the sim sweeps 1-32)
-PROBE = "probe"  # what policy versions of an eb+ probe are bound to: no arm's, but their mode is known
-QUARTERS = 4  # grid points per octave of θ
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
 # sd of a pair's ln-ratio before a trial measured one (a prior, of the order of a simulated pair's spread)
@@ -93,14 +91,8 @@ RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice
 HISTORY = 16  # trials kept for status
 GAIN_WINDOWS = 128  # windows of the incumbent and of stock the gain shown in status is measured over (``_gain_ln``)
 MAX_RHO = 0.9  # the lag-1 autocorrelation ``mean_var`` allows for
-# Windows dropped after a switch. The engine's own admission (stock, mb) carries state across a switch: under
-# EB no decode ran out of KV, so sglang's new_token_ratio has decayed to its floor, and stock then admits more
-# than it can keep until a retraction backs the ratio off: stock runs fast for about two windows. EB's batch
-# settles within one.
-SETTLE_OWN, SETTLE_EB = 2, 1
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
-MIN_K = 2  # an EB arm needs k >= 2 at the engine's N: EB(k = 1) is the engine's own prefill-first rule
 # A challenger window (its settling windows included) this far below the incumbent's reference (the mean of its
 # last steady windows), in ln-rate, ends the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_Z sd of the
 # difference, σ·√(1 + 1/n) for n reference windows of sd σ. EARLY_STOP_Z = 3/√2 keeps the false-stop rate of a
@@ -139,7 +131,7 @@ class Tuner:
 
     def __init__(self, params: TunerParams) -> None:
         self.p = params
-        self.top = math.floor(QUARTERS * math.log2(params.theta_max / params.theta_min) + 1e-9)  # grid indices
+        self.grid = Grid(params.theta_max, params.theta_min)  # the arms' grid at the engine's N (``n``)
         self.incumbent = STOCK
         self.arm = STOCK  # what should run now
         self.allow_mb = False
@@ -172,7 +164,6 @@ class Tuner:
         self.reach = math.nan  # EMA of the batch the engine itself stops admitting at (stock or mb, requests waiting)
         self.settling = 0  # windows of the running arm still to drop (it follows a switch)
         self._peeked = -math.inf  # when a settling window was last looked at (``_peek``)
-        self.n = 0  # the engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
         self.explore_s = 0.0  # engine seconds given up to exploring, slower windows only (the budget's bound; Ledger)
@@ -196,31 +187,32 @@ class Tuner:
         self.record = prior.Record()  # the model's predicted and measured ratios, trial by trial
         self.unverified = False  # the incumbent is the model's start-up pick, not yet measured against stock
 
-    # --- arms -----------------------------------------------------------------------------------------
+    # --- arms (``ebctl.arms``) -------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        """The engine's slots N (EB arms map θ to k = ⌊θ·N⌋ on it); 0: unknown."""
+        return self.grid.n
+
+    @n.setter
+    def n(self, n: int) -> None:
+        if n != self.grid.n:
+            self.grid = dataclasses.replace(self.grid, n=n)
+
+    @property
+    def top(self) -> int:
+        return self.grid.top
+
     def theta(self, arm: str) -> float:
-        """θ of an EB arm (``eb@i``: θ_max · 2^(−i/4)); NaN for stock and mb."""
-        if not arm.startswith("eb@"):
-            return math.nan
-        return self.p.theta_max * 2.0 ** (-int(arm[3:]) / QUARTERS)
+        return self.grid.theta(arm)
 
     def eb_arm(self, theta: float) -> str:
-        """The grid arm nearest to θ (clipped to θ_min..θ_max)."""
-        if not (math.isfinite(theta) and theta > 0):
-            return f"eb@{self.top}"
-        i = round(QUARTERS * math.log2(self.p.theta_max / theta))
-        return f"eb@{min(max(i, 0), self.top)}"
-
-    def mode(self, arm: str) -> Mode:
-        return Mode.MB if arm == MB else Mode.EB if arm.startswith("eb@") else Mode.OFF
-
-    @staticmethod
-    def pd_interval(arm: str) -> int:
-        """N of a ``pdi@N`` arm (the policy's ``pd_interval``); 0 for the others: the engine's launch value."""
-        return int(arm[len(PDI):]) if arm.startswith(PDI) else 0
+        return self.grid.eb_arm(theta)
 
     def k(self, arm: str) -> int:
-        """k = ⌊θ·N⌋ of an EB arm at the engine's N (1 for stock and mb, and while N is unknown)."""
-        return max(1, math.floor(self.theta(arm) * self.n + 1e-9)) if arm.startswith("eb@") and self.n else 1
+        return self.grid.k(arm)
+
+    mode = staticmethod(arms.mode)
+    pd_interval = staticmethod(arms.pd_interval)
 
     def set_context(self, *, entries: list[float], allow_mb: bool, prefer_mb: bool, mu_l: float = math.nan,
                     mu_o: float = math.nan, steady: bool = True, n: int = 0, allow_pdi: bool = False) -> None:
@@ -243,10 +235,7 @@ class Tuner:
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
-        arms = [self.eb_arm(min(t, self.p.theta_entry)) for t in entries]
-        if n:
-            arms = [a if self.k(a) >= MIN_K else self._lowest() for a in arms]
-        self.entries = sorted((a for a in dict.fromkeys(arms) if a), key=self.theta)  # the smallest k first
+        self.entries = self.grid.entries(entries, self.p.theta_entry)  # the smallest k first
         self.prefer_mb = prefer_mb
         if allow_pdi != self.allow_pdi:
             self.allow_pdi = allow_pdi
@@ -320,19 +309,7 @@ class Tuner:
         them, then another, up to θ_max. The closed forms model throughput; where latency binds the best θ is set
         by the latency each refill costs, which none of them gives, and below it EB may not bind at all (with
         fewer requests than N − k in the engine EB is the engine's own rule), a plateau from which no step gains."""
-        if not self.targets.set:
-            return []
-        low = self.entries[-1] if self.entries else self._lowest()
-        if not low:
-            return []
-        return [f"eb@{j}" for j in range(int(low[3:]) - QUARTERS, -1, -QUARTERS)]  # k grows with θ: all ≥ MIN_K
-
-    def _lowest(self) -> str:
-        """The smallest grid θ whose k reaches MIN_K at the engine's N ("" if none does)."""
-        for i in range(self.top, -1, -1):
-            if self.k(f"eb@{i}") >= MIN_K:
-                return f"eb@{i}"
-        return ""
+        return self.grid.ladder(self.entries) if self.targets.set else []
 
     def _drop_pdi(self, why: str) -> None:
         """pdi arms may no longer run: a pdi incumbent gives way to stock, a trial with one is aborted."""
@@ -377,22 +354,8 @@ class Tuner:
             pdi = [f"{PDI}{PD_FIRST}"]
             return [*pdi, *own, *eb] if self.tpot_binds else [*own, *eb, *pdi]
         if inc.startswith(PDI):
-            n = self.pd_interval(inc)
-            up = f"{PDI}{2 * n}" if 2 * n <= PD_MAX else None
-            down = f"{PDI}{n // 2}" if n > 1 else STOCK
-            longer = self.direction > 0 if self.direction else self.tpot_binds
-            return [a for a in ([up, down] if longer else [down, up]) if a is not None]
-        i, k = int(inc[3:]), self.k(inc)
-
-        def other(js: range) -> str | None:  # the first grid point of js whose k differs from the incumbent's
-            return next((f"eb@{j}" for j in js if not self.n or self.k(f"eb@{j}") != k), None)
-
-        up = other(range(max(i - self.step, 0), -1, -1)) if i > 0 else None
-        down = other(range(i + self.step, self.top + 1)) if i + self.step <= self.top else None
-        if down is None or (self.n and self.k(down) < MIN_K):
-            down = STOCK
-        order = [down, up] if self.direction < 0 else [up, down]
-        return [a for a in order if a is not None]
+            return arms.pdi_steps(inc, self.direction, self.tpot_binds)
+        return self.grid.eb_steps(inc, self.step, self.direction)
 
     # --- input ----------------------------------------------------------------------------------------
     def bind(self, version: int, applied: Applied) -> None:
@@ -533,7 +496,7 @@ class Tuner:
         """Switch to ``arm``; its first window will be dropped (the settling window)."""
         if arm != self.arm:
             self.arm, self.window = arm, None
-            self.settling = _settle(arm)
+            self.settling = settle(arm)
 
     def interrupt(self) -> None:
         """Another mode runs for a moment (an eb+ probe, ``ebctl.probe``): the window in progress is lost, and
@@ -544,7 +507,7 @@ class Tuner:
         if self.trial is not None:
             self.trial.probed = True
         self.window, self._since = None, 0
-        self.settling = max(self.settling, _settle(self.arm))
+        self.settling = max(self.settling, settle(self.arm))
 
     def _closed(self, w: Window) -> None:
         """A window of the running arm closed: count what it cost, drop it (settling), end a trial whose challenger
@@ -710,7 +673,7 @@ class Tuner:
         """The early-stop bar for the window closing now: wider for the first settling window after a switch,
         which carries what the switch left behind; the usual one from the second on (stock and mb settle for
         two whole windows: a slower arm would otherwise run both before any bar stops it)."""
-        first = self.settling == _settle(self.arm)
+        first = self.settling == settle(self.arm)
         wide = (self.settling and first) or self.thin
         return max(self.early_stop_bar, EARLY_STOP_SETTLING) if wide else self.early_stop_bar
 
@@ -987,12 +950,6 @@ def clearly_missing(attained: float, n: float) -> bool:
     if not (n > 0 and attained >= 0.0):
         return False
     return attained + MISSING_Z * math.sqrt(attained * (1.0 - attained) / n) < MISSING
-
-
-def _settle(arm: str) -> int:
-    """Windows dropped after a switch to ``arm`` (``SETTLE_OWN``, ``SETTLE_EB``): a pdi arm runs the engine's own
-    admission, as stock does."""
-    return SETTLE_OWN if arm in (STOCK, MB) or arm.startswith(PDI) else SETTLE_EB
 
 
 def _attained(t: Trial) -> list[list[Any]]:
