@@ -329,11 +329,31 @@ class Node:
                 "--port", str(self.ports[name]), *self.server_args]
 
     def start(self, name: str, timeout: float = 300.0) -> None:
+        self.spawn(name)
+        self.wait_serving(name, timeout)
+
+    def start_node(self, timeout: float = 300.0) -> None:
+        """s1 (``ebctl start``: its daemon and its sglang), and s2 (``--join``) as soon as that daemon answers: the
+        two sglang servers load their model side by side, each on its own core."""
+        self.spawn("s1")
+        deadline = time.monotonic() + timeout
+        while self.status() is None:
+            if self.procs["s1"].poll() is not None or time.monotonic() > deadline:
+                self.wait_serving("s1", 0.0)  # raises with s1's log
+            time.sleep(0.2)
+        self.spawn("s2")
+        self.wait_serving("s1", max(deadline - time.monotonic(), 0.0))
+        self.wait_serving("s2", max(deadline - time.monotonic(), 0.0))
+
+    def spawn(self, name: str) -> None:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 -- the child holds it
         env = {**self.env, "SGLANG_CPU_OMP_THREADS_BIND": "0" if name == "s1" else "1"}
         self.procs[name] = subprocess.Popen(self.cmd(name), env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
         log.close()
+
+    def wait_serving(self, name: str, timeout: float) -> None:
+        """Until ``name`` answers a generate request (it exited: RuntimeError with its log's tail)."""
         deadline = time.monotonic() + timeout
         while True:
             if self.procs[name].poll() is not None:
@@ -832,8 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     leftovers: dict[int, str] = {}
     t0 = time.time()
     try:
-        node.start("s1")
-        node.start("s2")
+        node.start_node()
         cap = client.closed_loop(CAPACITY_CONCURRENCY, 15.0 if a.quick else 60.0)
         rate = max(0.05, a.rate_frac * cap)
         print(f"capacity {cap:.2f} req/s (closed loop of {CAPACITY_CONCURRENCY}); open loop at {rate:.2f} req/s",
