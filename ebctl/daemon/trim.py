@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 log = logging.getLogger("ebctl.daemon")
 
-TRIM_S = 60.0  # the shortest interval between two trims (a trim of a ~30 MB heap takes about a millisecond)
+TRIM_S = 60.0  # the shortest interval between two trims (a trim walks the free chunks: milliseconds)
 
 
 def malloc_trim() -> Callable[[], int] | None:
