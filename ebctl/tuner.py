@@ -79,6 +79,7 @@ import numpy as np
 from ebctl import arms, prior, slo
 from ebctl.arms import MB, MIN_K, PD_FIRST, PDI, QUARTERS, STOCK, Grid, settle
 from ebctl.arms import PROBE as PROBE  # the arms are ebctl.arms'; their names importable from here too
+from ebctl.ledger import MIN_REF, Ledger
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
 from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
@@ -89,8 +90,6 @@ LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' 
 PRIOR_SD = 0.01
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
-GAIN_WINDOWS = 128  # windows of the incumbent and of stock the gain shown in status is measured over (``_gain_ln``)
-MAX_RHO = 0.9  # the lag-1 autocorrelation ``mean_var`` allows for
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
 # A challenger window (its settling windows included) this far below the incumbent's reference (the mean of its
@@ -103,8 +102,6 @@ EARLY_STOP_MIN, EARLY_STOP_Z = 0.03, 3.0 / math.sqrt(2.0)
 EARLY_STOP_SETTLING = 0.15
 REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
 MIN_TTFTS = 100  # TTFTs (TPOTs) of each side before the latency guard compares p99s (``excess``)
-MIN_REF = 3  # steady windows of the incumbent before a trial: their sd sets the bars (one low reference window
-# alone would let a challenger "win")
 # With latency targets, an incumbent whose last steady window met them for less than this share of its output tokens
 # needs one steady window before a trial, not MIN_REF (``_refs_needed``); a window that judged none (NaN) needs MIN_REF
 MISSING = 0.5
@@ -126,8 +123,29 @@ def excess(values: list[float], stock: list[list[float]]) -> float:
     return float(np.percentile(values, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
 
 
+class _Part:
+    """An attribute of one of the tuner's parts, read and written through the tuner too (``Tuner.explore_s`` is
+    ``Tuner.ledger.explore_s``)."""
+
+    def __init__(self, part: str) -> None:
+        self.part, self.name = part, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.part), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.part), self.name, value)
+
+
 class Tuner:
     """One engine's measured search. ``bind`` each published policy, ``observe`` each report, run ``arm``."""
+
+    # the ledger's figures, read and written through the tuner too (the status tests, tools/daemon_memory.py)
+    explore_s, explore_net_s, explore_run_s = _Part("ledger"), _Part("ledger"), _Part("ledger")
+    gain_ln, gain_var, gain_inc, gain_stock = _Part("ledger"), _Part("ledger"), _Part("ledger"), _Part("ledger")
 
     def __init__(self, params: TunerParams) -> None:
         self.p = params
@@ -166,17 +184,12 @@ class Tuner:
         self._peeked = -math.inf  # when a settling window was last looked at (``_peek``)
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
-        self.explore_s = 0.0  # engine seconds given up to exploring, slower windows only (the budget's bound; Ledger)
-        self.explore_net_s = 0.0  # the same with the faster windows counted against it (the estimate shown)
-        self.explore_run_s = 0.0  # seconds the engine ran a challenger (settling windows included)
+        self.ledger = Ledger()  # what exploring cost, and the incumbent's gain against stock (``ebctl.ledger``)
         self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
         self.ref_att: list[float] = []  # ... and, with targets, their attainments
         self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
         self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
         self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
-        self.gain_inc: list[float] = []  # ln rates of the incumbent's steady windows since it won (``gain``)
-        self.gain_stock: list[float] = []  # ... and of stock's since the last reset
-        self.gain_ln, self.gain_var = 0.0, 0.0  # the incumbent against stock: ln ratio and its variance
         self.targets = params.targets  # the objective's (``ebctl.slo``)
         self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
         self._run_since = math.nan  # when the running arm's current run began, its completions since, and its
@@ -231,7 +244,7 @@ class Tuner:
             # (``_refs_needed``), and the window open now and the next ones judge only requests whose first token comes
             # after this point.
             self.ref_lns, self.ref_att, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], [], []
-            self.gain_inc, self.gain_stock = [], []
+            self.ledger.gain_inc, self.ledger.gain_stock = [], []
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
         self.n = n
@@ -263,7 +276,7 @@ class Tuner:
             lead = self._lead(pick)
             self._log_move(pick, f"the model's pick at start-up: predicted {math.expm1(lead):+.1%}", lead)
             self.incumbent, self.unverified = pick, True
-            self.gain_ln, self.gain_var = lead, self.record.sd() ** 2
+            self.ledger.gain_ln, self.ledger.gain_var = lead, self.record.sd() ** 2
             self._run(pick)
 
     def _lead(self, arm: str) -> float:
@@ -324,7 +337,7 @@ class Tuner:
         measurements (its windows' reference, its gain, the search's position around it)."""
         self.incumbent = STOCK
         self.ref_lns, self.ref_att, self.tried, self.direction, self.settled = [], [], set(), 0, False
-        self.gain_ln, self.gain_var, self.gain_inc = 0.0, 0.0, []
+        self.ledger.gain_ln, self.ledger.gain_var, self.ledger.gain_inc = 0.0, 0.0, []
 
     def neighbours(self) -> list[str]:
         """The challengers of the incumbent, in the order they are tried. mb only where it differs from stock
@@ -520,16 +533,11 @@ class Tuner:
         ln = math.log(rate) if rate > 0 else math.nan  # NaN: no busy time
         ref = self._ref()
         if w.arm != self.incumbent or self.settling:  # exploring, or the way back from it (Ledger)
-            if w.arm != self.incumbent:
-                self.explore_run_s += w.seconds
-            if math.isfinite(ln - ref) and self._counts(w):
-                self.explore_s -= w.seconds * min(math.expm1(ln - ref), 0.0)
-                # a window gains at most its own seconds: with latency targets a challenger's goodput can be many
-                # times the incumbent's, and the share shown would read as exploring gaining more than the run
-                self.explore_net_s -= w.seconds * min(math.expm1(ln - ref), 1.0)
+            self.ledger.charge(w.seconds, ln - ref if self._counts(w) else math.nan,
+                               challenger=w.arm != self.incumbent)
         elif math.isfinite(ln) and self._counts(w):
             self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
-            self.gain_inc = [*self.gain_inc[-(GAIN_WINDOWS - 1):], ln]
+            self.ledger.add_incumbent(ln)
             self.ref_att = [*self.ref_att[-(REF_WINDOWS - 1):], w.attainment()]
         if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():
             sd = self.early_stop_bar / EARLY_STOP_Z
@@ -553,7 +561,7 @@ class Tuner:
                 self.tpot_binds = w.tpot_ok_tokens < w.ttft_ok_tokens
         if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the latency guard compare with
             self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
-            self.gain_stock = [*self.gain_stock[-(GAIN_WINDOWS - 1):], ln]
+            self.ledger.add_stock(ln)
             self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
             self.stock_tpots = [*self.stock_tpots[-(REF_WINDOWS - 1):], w.tpots]
         if t is None:
@@ -649,8 +657,8 @@ class Tuner:
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
             self._to_stock()
             self._run(STOCK)
-        self.ref_lns, self.ref_att, self.attained, self.gain_inc = [], [], {}, []
-        self.gain_ln, self.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
+        self.ref_lns, self.ref_att, self.attained, self.ledger.gain_inc = [], [], {}, []
+        self.ledger.gain_ln, self.ledger.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
     @property
     def early_stop_bar(self) -> float:
@@ -693,8 +701,7 @@ class Tuner:
         """Engine seconds the search may still give up: ``explore_budget`` of the time since the first report,
         less what exploring has cost. A trial starts only while this is positive, so the share given up
         stays within the budget plus one trial."""
-        elapsed = self._last_wall - self.first_wall
-        return self.p.explore_budget * elapsed - self.explore_s if math.isfinite(elapsed) else 0.0
+        return self.ledger.budget_left(self.p.explore_budget, self._last_wall - self.first_wall)
 
     def trial_cost(self) -> float:
         """Engine seconds a trial is expected to give up: the mean of the trials so far (the bound's sum over the
@@ -704,8 +711,7 @@ class Tuner:
         the budget left covers it: a challenger that misses them leaves a queue behind that the incumbent drains
         for windows after the trial. An incumbent that misses them for most tokens is challenged at once:
         each of its windows costs more than a trial."""
-        n = self.counts["trials"]
-        return max(self.explore_s / n if n else 0.0, self.p.window_s)
+        return self.ledger.trial_cost(self.counts["trials"], self.p.window_s)
 
     @property
     def prior_sd(self) -> float:
@@ -750,7 +756,7 @@ class Tuner:
         if options and options[0] == self.model_pick() and prior.at_once(lead, self.record, self.p.min_effect):
             self._log_move(options[0], f"the model's pick: predicted {math.expm1(lead):+.1%}, beyond its record "
                                        f"(±{self.record.sd():.1%} over {self.record.n} trials)", lead)
-            self._carry_gain(Trial(self.incumbent, options[0], last.end), "win", lead, self.record.sd() ** 2)
+            self.ledger.carry(self.incumbent, options[0], "win", lead, self.record.sd() ** 2)
             self._promote(self.incumbent, options[0])
             self._run(self.incumbent)
             return
@@ -800,7 +806,7 @@ class Tuner:
             self._run(self.incumbent)
             return
         if measured is not None and decision in ("win", "lose"):
-            self._carry_gain(t, decision, *measured)
+            self.ledger.carry(t.incumbent, t.challenger, decision, *measured)
             self.record = self.record.add(t.predicted, measured[0])
         self.unverified = False
         self.counts["won" if decision == "win" else "lost" if decision == "lose" else "aborted"] += 1
@@ -831,52 +837,15 @@ class Tuner:
             self.direction = -1 if new == STOCK else 0
         self.incumbent = new
         self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
-        self.gain_inc = []
+        self.ledger.gain_inc = []
         self.tried = {old}
         self.settled = False
         self.recheck_gap = self.p.recheck
 
-    def _carry_gain(self, t: Trial, decision: str, effect: float, var: float) -> None:
-        """The incumbent's gain against stock after a decided trial: measured directly when one of the two arms
-        was stock; after a win of EB over EB, the chain of the two measured steps (ln ratios add, variances
-        too)."""
-        if decision == "win":
-            if t.challenger == STOCK:
-                self.gain_ln, self.gain_var = 0.0, 0.0
-            elif t.incumbent == STOCK:
-                self.gain_ln, self.gain_var = effect, var
-            else:
-                self.gain_ln, self.gain_var = self.gain_ln + effect, self.gain_var + var
-        elif t.challenger == STOCK:  # stock lost to the incumbent: the incumbent's gain, measured again
-            self.gain_ln, self.gain_var = -effect, var
-
-    def _gain_ln(self) -> tuple[float, float]:
-        """(ln ratio, variance) of the incumbent against stock. Once the incumbent has run ``MIN_REF`` steady
-        windows since it won and stock's last ones are known: the mean of the one against the mean of the other,
-        windows that decided nothing. A trial stops where the challenger's windows ran high, so the trials' own
-        figure (``_carry_gain``, used before) reads high. Every window of each since then counts (up to
-        ``GAIN_WINDOWS``), so the figure converges on the long-run ratio; consecutive windows of one arm are
-        correlated (the batch carries over), so each mean's variance is ``mean_var``'s."""
-        a, b = self.gain_inc, self.gain_stock
-        if self.incumbent == STOCK or len(a) < MIN_REF or len(b) < MIN_REF:
-            return self.gain_ln, self.gain_var
-        (ma, va), (mb, vb) = mean_var(a), mean_var(b)
-        return ma - mb, va + vb
-
     def gain(self) -> dict[str, float]:
-        """What the incumbent buys against stock by the tuner's measurements (``_gain_ln``): the ratio − 1 with
-        its 95% interval (0 at stock), and the share of the time given up to exploring so far (``explore_net_s``
-        over the time since the first report, negative where the trials ran ahead; ``explore_bound_s``: the
-        budget's one-sided sum, ``explore_s``; ``explore_run_s``: the time challengers ran). A gain carried from
-        a win on two windows against a single reference window has no interval (NaN): one window has no spread."""
-        ln, var = self._gain_ln()
-        half = 1.96 * math.sqrt(var)
-        elapsed = self._last_wall - self.first_wall
-        share = self.explore_net_s / elapsed if math.isfinite(elapsed) and elapsed > 0 else 0.0
-        return {"vs_stock": math.expm1(ln), "low": math.expm1(ln - half),
-                "high": math.expm1(ln + half), "explore_cost_s": self.explore_net_s,
-                "explore_bound_s": self.explore_s, "explore_share": share, "explore_run_s": self.explore_run_s,
-                "elapsed_s": elapsed if math.isfinite(elapsed) else 0.0, "budget_left_s": self.budget_left()}
+        """What the incumbent buys against stock by the tuner's measurements, and the share of the time given up to
+        exploring so far (``Ledger.gain``)."""
+        return self.ledger.gain(self.incumbent == STOCK, self._last_wall - self.first_wall, self.budget_left())
 
     def reset(self, reason: str) -> None:
         """The workload moved: drop the trial and the window, search again from the incumbent."""
@@ -889,7 +858,7 @@ class Tuner:
         self.settled, self.gap, self.recheck_gap = False, 0, self.p.recheck
         self.pooled_ss = self.pooled_df = 0.0
         self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], []  # stock's windows were of the old mix
-        self.gain_inc, self.gain_stock = [], []
+        self.ledger.gain_inc, self.ledger.gain_stock = [], []
 
     # --- output ---------------------------------------------------------------------------------------
     def state(self) -> str:
@@ -955,19 +924,3 @@ def clearly_missing(attained: float, n: float) -> bool:
 def _attained(t: Trial) -> list[list[Any]]:
     """A trial's windows' attainments, [arm, share] each (empty without latency targets)."""
     return [[arm, round(a, 4)] for arm, a in t.attained]
-
-
-def mean_var(xs: list[float]) -> tuple[float, float]:
-    """The mean of a series of window ln-rates and its variance, allowing for their lag-1 autocorrelation ρ
-    (the AR(1) effective sample size: var = s²/n · (1 + ρ)/(1 − ρ), ρ clipped to [0, ``MAX_RHO``]): windows of
-    one arm in a row share the batch that carries over between them, so s²/n alone reads too sure."""
-    n = len(xs)
-    m = math.fsum(xs) / n
-    if n < 2:
-        return m, math.nan
-    d = [x - m for x in xs]
-    ss = math.fsum(v * v for v in d)
-    if ss == 0:
-        return m, 0.0
-    rho = min(max(math.fsum(d[i] * d[i + 1] for i in range(n - 1)) / ss, 0.0), MAX_RHO) if n >= 4 else 0.0
-    return m, ss / (n - 1) / n * (1 + rho) / (1 - rho)

@@ -249,8 +249,8 @@ def test_a_clearly_slower_challenger_ends_its_trial_after_one_window_and_its_cos
     assert h["challenger"] == MB and h["decision"] == "lose" and h["why"].startswith("clearly slower")
     assert h["effect"] == pytest.approx(-0.2)
     # one window of mb: 5 cycles of 10 completions (the first count ≥ 50), each (0.5 + 10 × 0.1) / 0.8 s
-    assert t.explore_run_s == pytest.approx(5 * 1.5 / 0.8)
-    assert t.explore_s == pytest.approx(t.explore_run_s * 0.2)
+    assert t.ledger.explore_run_s == pytest.approx(5 * 1.5 / 0.8)
+    assert t.ledger.explore_s == pytest.approx(t.ledger.explore_run_s * 0.2)
     assert t.arm == STOCK and t.gain()["vs_stock"] == 0.0
 
 
@@ -267,14 +267,14 @@ def test_trials_start_only_within_the_exploration_budget():
     starts = []
     while eng.now < 3000:
         n = t.counts["trials"]
-        cost_before = t.explore_s
+        cost_before = t.ledger.explore_s
         eng.cycle()
         if t.counts["trials"] > n:
             starts.append((eng.now, cost_before))
     one_trial = 5 * 1.5 / 0.8 * 0.2  # a window of a 20%-slower arm (test above)
     assert len(starts) >= 3 and t.incumbent == STOCK
     assert all(cost <= 0.01 * now for now, cost in starts)  # each trial began with budget left
-    assert t.explore_s <= 0.01 * eng.now + one_trial + 1e-9
+    assert t.ledger.explore_s <= 0.01 * eng.now + one_trial + 1e-9
     assert starts[2][0] >= 2 * one_trial / 0.01  # the third waited for two trials' cost to accrue
 
 
@@ -367,15 +367,15 @@ def test_the_gain_compares_the_incumbents_windows_since_it_won_with_stocks():
     at 8.0, 8.1, 7.9: ln 0.2 (+22.1%), variance 0.01/3 + 0.01/3, the interval e^(0.2 ± 1.96·0.0816) − 1. With two
     windows of the incumbent, the carried figure stands."""
     t = Tuner(TunerParams())
-    t.incumbent, t.gain_ln, t.gain_var = "eb@8", math.log(1.3), 0.01
-    t.gain_stock, t.gain_inc = [8.0, 8.1, 7.9], [8.2, 8.3]
+    t.incumbent, t.ledger.gain_ln, t.ledger.gain_var = "eb@8", math.log(1.3), 0.01
+    t.ledger.gain_stock, t.ledger.gain_inc = [8.0, 8.1, 7.9], [8.2, 8.3]
     assert t.gain()["vs_stock"] == pytest.approx(0.3)
-    t.gain_inc.append(8.1)  # three windows each: ρ is not estimated (``mean_var``)
+    t.ledger.gain_inc.append(8.1)  # three windows each: ρ is not estimated (``mean_var``)
     g, half = t.gain(), 1.96 * math.sqrt(0.02 / 3)
     assert g["vs_stock"] == pytest.approx(math.expm1(0.2)) and g["low"] == pytest.approx(math.expm1(0.2 - half))
     assert g["high"] == pytest.approx(math.expm1(0.2 + half)) and 0.1 < half < 0.17
     t.incumbent = STOCK
-    t.gain_ln = t.gain_var = 0.0
+    t.ledger.gain_ln = t.ledger.gain_var = 0.0
     assert t.gain()["vs_stock"] == 0.0
 
 
@@ -419,7 +419,7 @@ def test_a_clearly_slower_challenger_is_stopped_inside_its_settling_window():
         eng.cycle()
     h = t.history[-1]
     assert h["challenger"] == MB and h["decision"] == "lose" and h["effect"] == pytest.approx(-0.2)
-    assert t.explore_run_s == pytest.approx(10 * 1.5 / 0.8)
+    assert t.ledger.explore_run_s == pytest.approx(10 * 1.5 / 0.8)
 
 
 def test_the_first_settling_window_ends_a_trial_only_far_below():
@@ -435,7 +435,7 @@ def test_the_first_settling_window_ends_a_trial_only_far_below():
         eng.cycle()
     h = t.history[-1]
     assert h["challenger"] == MB and h["decision"] == "lose" and h["why"].startswith("clearly slower")
-    assert h["effect"] == pytest.approx(-0.1) and t.explore_run_s == pytest.approx(2 * 5 * 1.5 / 0.9)
+    assert h["effect"] == pytest.approx(-0.1) and t.ledger.explore_run_s == pytest.approx(2 * 5 * 1.5 / 0.9)
 
 
 def test_noisy_windows_widen_the_bars_and_no_trial_starts_before_the_noise_is_known():
@@ -473,12 +473,12 @@ def test_a_challenger_is_judged_against_the_mean_of_the_incumbents_windows_not_i
                               "rate": lambda self, mu_l, mu_o: math.exp(ln)})()
 
     t._closed(window(8.0))
-    assert t.explore_s == pytest.approx(0.0, abs=1e-9) and t.trial is not None and t.counts["lost"] == 0
+    assert t.ledger.explore_s == pytest.approx(0.0, abs=1e-9) and t.trial is not None and t.counts["lost"] == 0
     t._closed(window(8.0 - 0.25))
     h = t.history[-1]
     assert h["decision"] == "lose" and h["why"].startswith("clearly slower")
     assert h["effect"] == pytest.approx(math.expm1(-0.25))
-    assert t.explore_s == pytest.approx(10 * (1 - math.exp(-0.25)))
+    assert t.ledger.explore_s == pytest.approx(10 * (1 - math.exp(-0.25)))
 
 
 def test_the_ledger_shown_is_net_so_that_noise_cancels_and_the_budget_counts_slower_windows():
@@ -498,14 +498,15 @@ def test_the_ledger_shown_is_net_so_that_noise_cancels_and_the_budget_counts_slo
 
     t._closed(window(8.1))
     t._closed(window(7.9))
-    assert t.explore_net_s == pytest.approx(20 - 20 * math.cosh(0.1)) and -0.101 < t.explore_net_s < -0.0999
-    assert t.explore_s == pytest.approx(10 * (1 - math.exp(-0.1)))
-    net, bound = t.explore_net_s, t.explore_s
+    net = t.ledger.explore_net_s
+    assert net == pytest.approx(20 - 20 * math.cosh(0.1)) and -0.101 < net < -0.0999
+    assert t.ledger.explore_s == pytest.approx(10 * (1 - math.exp(-0.1)))
+    net, bound = t.ledger.explore_net_s, t.ledger.explore_s
     t.trial, t.arm = Trial(STOCK, MB, 0.0), MB
     t._closed(window(8.2))
-    assert t.explore_net_s - net == pytest.approx(-10 * math.expm1(0.2)) and t.explore_s == bound
+    assert t.ledger.explore_net_s - net == pytest.approx(-10 * math.expm1(0.2)) and t.ledger.explore_s == bound
     g = t.gain()
-    assert g["explore_cost_s"] == t.explore_net_s and g["explore_bound_s"] == t.explore_s
+    assert g["explore_cost_s"] == t.ledger.explore_net_s and g["explore_bound_s"] == t.ledger.explore_s
 
 
 def test_a_challengers_settling_window_is_looked_at_every_window_s():
@@ -529,21 +530,6 @@ def test_a_challengers_settling_window_is_looked_at_every_window_s():
     assert t.trial is None and t.history[-1]["decision"] == "lose" and t.arm == STOCK
 
 
-def test_mean_var_allows_for_the_windows_lag_one_autocorrelation():
-    from ebctl.tuner import mean_var
-
-    # 1, 2, 3, 4: mean 2.5, s² = 5/3, ρ = (0.75 − 0.25 + 0.75) / 5 = 0.25, var = s²/4 · 1.25/0.75 = 25/36
-    m, v = mean_var([1.0, 2.0, 3.0, 4.0])
-    assert m == 2.5 and abs(v - 25 / 36) < 1e-12
-    # alternating: ρ < 0 is clipped to 0, plain s²/n = (4/3)/4
-    m, v = mean_var([1.0, -1.0, 1.0, -1.0])
-    assert m == 0.0 and abs(v - 1 / 3) < 1e-12
-    # under four windows ρ is not estimated: (1, 3): s² = 2, var = 1
-    assert mean_var([1.0, 3.0]) == (2.0, 1.0)
-    assert mean_var([5.0, 5.0, 5.0]) == (5.0, 0.0)
-
-
-# --- the model's ranking (ebctl/prior.py, Tuner.set_predictions) ----------------------------------------------
 def _starting(**kw) -> Tuner:
     t = Tuner(TunerParams(window=50, **kw))
     t.set_context(entries=[0.4], allow_mb=True, prefer_mb=False, mu_l=100, mu_o=11, steady=False)
