@@ -32,6 +32,7 @@ a quiet machine: another job on the CPUs moves these figures by tens of percent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,9 +112,19 @@ def measure(venv: Path, model: Path, work: Path, configs: tuple[str, ...], *, re
     rigs = {}
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     try:
-        for name, extra in (("plain", []), ("mixed", ["--enable-mixed-chunk"])):
+        launches = (("plain", []), ("mixed", ["--enable-mixed-chunk"]))
+        for name, _ in launches:
             (work / name).mkdir(parents=True, exist_ok=True)
-            rigs[name] = Rig(venv, model, work / name, [*SERVER_ARGS, *extra], daemon=DAEMON)
+        # the two servers load side by side (each loads on its own; their measured runs come one after another)
+        with ThreadPoolExecutor(len(launches)) as pool:
+            started = {name: pool.submit(Rig, venv, model, work / name, [*SERVER_ARGS, *extra], daemon=DAEMON)
+                       for name, extra in launches}
+            for name, fut in started.items():
+                with contextlib.suppress(Exception):
+                    rigs[name] = fut.result()
+        if len(rigs) < len(launches):  # one failed to start: its error, the other closed (finally)
+            next(f for f in started.values() if f.exception() is not None).result()
+        for name, _ in launches:
             rigs[name].set_mode("off")
             bench(venv, rigs[name].server.url, work / name / "warmup.json", num_prompts=2 * concurrency,
                   concurrency=concurrency)
