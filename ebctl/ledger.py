@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 
 from ebctl.arms import STOCK
+from ebctl.refs import MIN_REF
 
 GAIN_WINDOWS = 128  # windows of the incumbent and of stock the gain shown in status is measured over (``vs_stock``)
 MAX_RHO = 0.9  # the lag-1 autocorrelation ``mean_var`` allows for
-MIN_REF = 3  # steady windows of the incumbent before a trial: their sd sets the bars (one low reference window
-# alone would let a challenger "win")
 
 
 def mean_var(xs: list[float]) -> tuple[float, float]:

@@ -79,48 +79,24 @@ import numpy as np
 from ebctl import arms, prior, slo
 from ebctl.arms import MB, MIN_K, PD_FIRST, PDI, QUARTERS, STOCK, Grid, settle
 from ebctl.arms import PROBE as PROBE  # the arms are ebctl.arms'; their names importable from here too
-from ebctl.ledger import MIN_REF, Ledger
+from ebctl.ledger import Ledger
 from ebctl.params import TunerParams  # defined with ControllerParams; importable from here too
 from ebctl.protocol import BatchKind, IterationReport, Mode
-from ebctl.trial import PRIOR_PAIRS, SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
+from ebctl.refs import EARLY_STOP_Z, MIN_REF, Refs, excess
+from ebctl.trial import SATURATED_SHARE, Applied, Trial, Verdict, Window, verdict
 
 MAX_INVALID = 3  # unsaturated windows in a row that end a trial
 LONG_WINDOW = 2  # an EB arm whose cycle does not end within this many windows' completions has none (see _boundary)
-# sd of a pair's ln-ratio before a trial measured one (a prior, of the order of a simulated pair's spread)
-PRIOR_SD = 0.01
 RECHECK_GROWTH, RECHECK_MAX = 2, 8  # re-checks of a settled arm: each gap twice the last, at most 8× the first
 HISTORY = 16  # trials kept for status
 REACH_ALPHA = 0.01  # EMA weight of the batch the engine's own admission reaches
 MIN_WINDOW_SHARE = 4  # a window closed by its time holds at least 1/4 of ``window`` completions
-# A challenger window (its settling windows included) this far below the incumbent's reference (the mean of its
-# last steady windows), in ln-rate, ends the trial at once: at least EARLY_STOP_MIN, and EARLY_STOP_Z sd of the
-# difference, σ·√(1 + 1/n) for n reference windows of sd σ. EARLY_STOP_Z = 3/√2 keeps the false-stop rate of a
-# 3-σ bar against one reference window (a difference of sd σ√2). On a slow server waiting for a whole pair
-# doubles what a bad arm costs.
-EARLY_STOP_MIN, EARLY_STOP_Z = 0.03, 3.0 / math.sqrt(2.0)
-# A settling window carries what the switch left behind, in either direction: it ends a trial only this far below.
-EARLY_STOP_SETTLING = 0.15
-REF_WINDOWS = 8  # the incumbent's last windows kept for its window-to-window sd
-MIN_TTFTS = 100  # TTFTs (TPOTs) of each side before the latency guard compares p99s (``excess``)
 # With latency targets, an incumbent whose last steady window met them for less than this share of its output tokens
 # needs one steady window before a trial, not MIN_REF (``_refs_needed``); a window that judged none (NaN) needs MIN_REF
 MISSING = 0.5
 # ... and the incumbent's window closes early where its requests' share within the TPOT target is this many standard
 # errors below MISSING (``clearly_missing``; ``_full``)
 MISSING_Z = 2.0
-# Until the incumbent has MIN_REF steady windows (a trial begun under the one-window rule) the spread of its windows
-# is unknown: a challenger wins early only at twice its worth, stops early only beyond EARLY_STOP_SETTLING, and the
-# pairs' test waits for the MIN_REF-th window (``thin``)
-THIN_WIN = math.log(2.0)
-
-
-def excess(values: list[float], stock: list[list[float]]) -> float:
-    """p99 of ``values`` (a challenger's TTFTs or TPOTs) over the p99 of ``stock``'s (stock's last steady
-    windows'), − 1; NaN with fewer than ``MIN_TTFTS`` on either side (the p99 of fewer is one request's)."""
-    ref = [x for ts in stock for x in ts]
-    if len(values) < MIN_TTFTS or len(ref) < MIN_TTFTS:
-        return math.nan
-    return float(np.percentile(values, 99) / max(np.percentile(ref, 99), 1e-9)) - 1.0
 
 
 class _Part:
@@ -146,6 +122,9 @@ class Tuner:
     # the ledger's figures, read and written through the tuner too (the status tests, tools/daemon_memory.py)
     explore_s, explore_net_s, explore_run_s = _Part("ledger"), _Part("ledger"), _Part("ledger")
     gain_ln, gain_var, gain_inc, gain_stock = _Part("ledger"), _Part("ledger"), _Part("ledger"), _Part("ledger")
+    # the references' windows too (the status and probe tests, tools/daemon_memory.py)
+    ref_lns, ref_att, stock_lns = _Part("refs"), _Part("refs"), _Part("refs")
+    stock_ttfts, stock_tpots = _Part("refs"), _Part("refs")
 
     def __init__(self, params: TunerParams) -> None:
         self.p = params
@@ -170,7 +149,6 @@ class Tuner:
         self.gap = 0  # completions to wait before the next trial
         self.recheck_gap = params.recheck
         self.saturated = False  # the last closed window of the running arm was saturated
-        self.pooled_ss, self.pooled_df = 0.0, 0.0
         self.counts = {"trials": 0, "won": 0, "lost": 0, "aborted": 0, "resets": 0}
         self.history: list[dict[str, Any]] = []
         self.reset_reason = ""
@@ -185,11 +163,7 @@ class Tuner:
         self.stock_mixes = False  # the engine mixes on its own (launched with mixed chunks): mb is stock
         self.first_wall = math.nan  # the wall time of the first report (the exploration budget accrues from it)
         self.ledger = Ledger()  # what exploring cost, and the incumbent's gain against stock (``ebctl.ledger``)
-        self.ref_lns: list[float] = []  # ln rates of the incumbent's last steady windows
-        self.ref_att: list[float] = []  # ... and, with targets, their attainments
-        self.stock_lns: list[float] = []  # ln rates of stock's last steady windows (``gain``)
-        self.stock_ttfts: list[list[float]] = []  # the TTFTs of stock's last steady windows (the latency guard's)
-        self.stock_tpots: list[list[float]] = []  # ... and their TPOTs
+        self.refs = Refs()  # the incumbent's and stock's last steady windows, and the bars (``ebctl.refs``)
         self.targets = params.targets  # the objective's (``ebctl.slo``)
         self.attained: dict[str, float] = {}  # with targets: each arm's attainment in its last measured window
         self._run_since = math.nan  # when the running arm's current run began, its completions since, and its
@@ -243,7 +217,8 @@ class Tuner:
             # widen the bars until a losing trial runs on. The trials then wait for windows of the steady state
             # (``_refs_needed``), and the window open now and the next ones judge only requests whose first token comes
             # after this point.
-            self.ref_lns, self.ref_att, self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], [], [], []
+            r = self.refs
+            r.ref_lns, r.ref_att, r.stock_lns, r.stock_ttfts, r.stock_tpots = [], [], [], [], []
             self.ledger.gain_inc, self.ledger.gain_stock = [], []
             self._new_run()
         self.mu_l, self.mu_o, self.steady = mu_l, mu_o, steady
@@ -336,7 +311,7 @@ class Tuner:
         """The incumbent's arm can no longer run: stock becomes the incumbent, with nothing of the old one's
         measurements (its windows' reference, its gain, the search's position around it)."""
         self.incumbent = STOCK
-        self.ref_lns, self.ref_att, self.tried, self.direction, self.settled = [], [], set(), 0, False
+        self.refs.ref_lns, self.refs.ref_att, self.tried, self.direction, self.settled = [], [], set(), 0, False
         self.ledger.gain_ln, self.ledger.gain_var, self.ledger.gain_inc = 0.0, 0.0, []
 
     def neighbours(self) -> list[str]:
@@ -457,7 +432,7 @@ class Tuner:
         if not (now - last >= self.p.window_s > 0 and w.completions >= self.p.window // MIN_WINDOW_SHARE):
             return
         self._peeked = now
-        rate, ref = self._value(w), self._ref()
+        rate, ref = self._value(w), self.refs.ref()
         saturated = (w.saturated_s >= SATURATED_SHARE * (now - w.start) if not self.targets.set
                      else w.judged_tokens > 0)
         if saturated and rate > 0 and math.log(rate) - ref < -self._stop_bar():
@@ -531,16 +506,15 @@ class Tuner:
             self.gap -= w.completions
         rate = self._value(w)
         ln = math.log(rate) if rate > 0 else math.nan  # NaN: no busy time
-        ref = self._ref()
+        ref = self.refs.ref()
         if w.arm != self.incumbent or self.settling:  # exploring, or the way back from it (Ledger)
             self.ledger.charge(w.seconds, ln - ref if self._counts(w) else math.nan,
                                challenger=w.arm != self.incumbent)
         elif math.isfinite(ln) and self._counts(w):
-            self.ref_lns = [*self.ref_lns[-(REF_WINDOWS - 1):], ln]
+            self.refs.add_incumbent(ln, w.attainment())
             self.ledger.add_incumbent(ln)
-            self.ref_att = [*self.ref_att[-(REF_WINDOWS - 1):], w.attainment()]
         if t is not None and w.arm == t.challenger and self._counts(w) and ln - ref < -self._stop_bar():
-            sd = self.early_stop_bar / EARLY_STOP_Z
+            sd = self.refs.early_stop_bar / EARLY_STOP_Z
             self._end_trial("lose", f"clearly slower: {math.expm1(ln - ref):+.1%} in one window",
                             measured=(ln - ref, sd * sd))
             return
@@ -560,10 +534,8 @@ class Tuner:
             if w.arm == self.incumbent and w.judged_tokens:
                 self.tpot_binds = w.tpot_ok_tokens < w.ttft_ok_tokens
         if w.arm == STOCK and self._counts(w) and math.isfinite(ln):  # what the gain and the latency guard compare with
-            self.stock_lns = [*self.stock_lns[-(REF_WINDOWS - 1):], ln]
+            self.refs.add_stock(ln, w.ttfts, w.tpots)
             self.ledger.add_stock(ln)
-            self.stock_ttfts = [*self.stock_ttfts[-(REF_WINDOWS - 1):], w.ttfts]
-            self.stock_tpots = [*self.stock_tpots[-(REF_WINDOWS - 1):], w.tpots]
         if t is None:
             if self._counts(w) and self.gap <= 0 and self.steady:
                 self._start_trial(w)
@@ -583,22 +555,22 @@ class Tuner:
             if math.isfinite(t.lead):  # the window after a clearly faster one: the two confirm it, or are B
                 lead, t.lead = t.lead, math.nan
                 mean = (lead + ln) / 2
-                var = self.window_sd**2 * (0.5 + 1.0 / max(len(self.ref_lns), 1))
-                if mean - ref > max(EARLY_STOP_MIN, EARLY_STOP_Z * math.sqrt(var), self._thin_win) + bar:
+                two, var = self.refs.two_windows()
+                if mean - ref > two + bar:
                     self._win(t, w, f"clearly faster: {math.expm1(mean - ref):+.1%} in two windows",
-                              measured=(mean - ref, var if len(self.ref_lns) >= MIN_REF else math.nan))
+                              measured=(mean - ref, var if len(self.refs.ref_lns) >= MIN_REF else math.nan))
                     return
                 rate = math.exp(mean)
-            elif ln - ref > max(self.early_stop_bar, self._thin_win) + bar:
+            elif ln - ref > self.refs.early_win_bar() + bar:
                 t.lead = ln  # one more window of the challenger before it may win
                 return
         t.rates.append((w.arm, rate))
         if len(t.rates) >= 3 and len(t.rates) % 2 == 1:  # a pair is complete
             d = t.diffs()
             v = self._judge(t, d)
-            if v.decision and not self.thin:
-                measured = (float(d.mean()), self._effect_var(d))
-                self._pool(d)
+            if v.decision and not self.refs.thin:
+                measured = (float(d.mean()), self.refs.effect_var(d))
+                self.refs.pool(d)
                 if v.decision == "win":
                     self._win(t, w, "", verdict_=v, measured=measured)
                     return
@@ -613,9 +585,9 @@ class Tuner:
         (``prior.judge``, the prior's sd the model's record here), else ``trial.verdict``."""
         p = self.p
         if math.isfinite(t.predicted):
-            return prior.judge(d, predicted=t.predicted, model_sd=self.record.sd(), prior_sd=self.prior_sd,
+            return prior.judge(d, predicted=t.predicted, model_sd=self.record.sd(), prior_sd=self.refs.prior_sd,
                                min_pairs=p.min_pairs, max_pairs=p.max_pairs, min_effect=p.min_effect)
-        return verdict(d, prior_sd=self.prior_sd, min_pairs=p.min_pairs, max_pairs=p.max_pairs,
+        return verdict(d, prior_sd=self.refs.prior_sd, min_pairs=p.min_pairs, max_pairs=p.max_pairs,
                        min_effect=p.min_effect)
 
     def _win(self, t: Trial, w: Window, why: str, *, measured: tuple[float, float],
@@ -627,8 +599,8 @@ class Tuner:
         over = []
         if t.challenger != STOCK and not self.targets.set:
             over = [f"{what} p99 {x:+.0%} against stock's (at most {slack:+.0%})"
-                    for what, x, slack in (("TTFT", excess(t.ttfts, self.stock_ttfts), self.p.ttft_slack),
-                                           ("TPOT", excess(t.tpots, self.stock_tpots), self.p.tpot_slack))
+                    for what, x, slack in (("TTFT", excess(t.ttfts, self.refs.stock_ttfts), self.p.ttft_slack),
+                                           ("TPOT", excess(t.tpots, self.refs.stock_tpots), self.p.tpot_slack))
                     if x > slack]
         if over:
             self._end_trial("lose", "; ".join(over), verdict_=verdict_, measured=measured)
@@ -657,45 +629,14 @@ class Tuner:
         if not self.targets.set and self.incumbent.startswith(PDI):  # pdi arms serve targets only
             self._to_stock()
             self._run(STOCK)
-        self.ref_lns, self.ref_att, self.attained, self.ledger.gain_inc = [], [], {}, []
+        self.refs.ref_lns, self.refs.ref_att, self.attained, self.ledger.gain_inc = [], [], {}, []
         self.ledger.gain_ln, self.ledger.gain_var = (0.0, 0.0) if self.incumbent == STOCK else (math.nan, math.nan)
 
-    @property
-    def early_stop_bar(self) -> float:
-        """How far (ln-rate) one challenger window must fall below the incumbent's reference to end a trial at
-        once: EARLY_STOP_MIN, or EARLY_STOP_Z sd of a window's difference from the mean of n reference windows,
-        σ·√(1 + 1/n), if that is more."""
-        n = len(self.ref_lns)
-        return max(EARLY_STOP_MIN, EARLY_STOP_Z * self.window_sd * math.sqrt(1.0 + 1.0 / n)) if n else EARLY_STOP_MIN
-
-    def _ref(self) -> float:
-        """The incumbent's reference ln rate: the mean of its last steady windows (NaN before the first)."""
-        return math.fsum(self.ref_lns) / len(self.ref_lns) if self.ref_lns else math.nan
-
-    @property
-    def window_sd(self) -> float:
-        """The sd of the incumbent's recent steady windows' ln rates (0 under MIN_REF of them)."""
-        return float(np.std(self.ref_lns, ddof=1)) if len(self.ref_lns) >= MIN_REF else 0.0
-
     def _stop_bar(self) -> float:
-        """The early-stop bar for the window closing now: wider for the first settling window after a switch,
-        which carries what the switch left behind; the usual one from the second on (stock and mb settle for
-        two whole windows: a slower arm would otherwise run both before any bar stops it)."""
-        first = self.settling == settle(self.arm)
-        wide = (self.settling and first) or self.thin
-        return max(self.early_stop_bar, EARLY_STOP_SETTLING) if wide else self.early_stop_bar
-
-    @property
-    def thin(self) -> bool:
-        """Has the incumbent fewer than MIN_REF steady windows? Only in a trial begun under the one-window rule
-        (``_refs_needed``): its windows' spread, which sets the bars, is unknown (``THIN_WIN``)."""
-        return len(self.ref_lns) < MIN_REF
-
-    @property
-    def _thin_win(self) -> float:
-        """The least ln ratio of an early win while ``thin`` (0 otherwise): a challenger that meets the targets
-        against an incumbent that met them for less than half its tokens is worth more than twice as much."""
-        return THIN_WIN if self.thin else 0.0
+        """The early-stop bar for the window closing now (``Refs.stop_bar``): wider for the first settling window
+        after a switch, which carries what the switch left behind; the usual one from the second on (stock and mb
+        settle for two whole windows: a slower arm would otherwise run both before any bar stops it)."""
+        return self.refs.stop_bar(bool(self.settling and self.settling == settle(self.arm)))
 
     def budget_left(self) -> float:
         """Engine seconds the search may still give up: ``explore_budget`` of the time since the first report,
@@ -713,33 +654,15 @@ class Tuner:
         each of its windows costs more than a trial."""
         return self.ledger.trial_cost(self.counts["trials"], self.p.window_s)
 
-    @property
-    def prior_sd(self) -> float:
-        """The pooled sd of a pair's ln-ratio over earlier trials (PRIOR_SD before any), shrunk the same way; at
-        least what the incumbent's own windows imply for a pair (var(B − (A0 + A1)/2) = 1.5 σ²)."""
-        pooled = math.sqrt((self.pooled_ss + PRIOR_PAIRS * PRIOR_SD**2) / (self.pooled_df + PRIOR_PAIRS))
-        return max(pooled, math.sqrt(1.5) * self.window_sd)
-
-    def _effect_var(self, d: np.ndarray) -> float:
-        """The variance of mean(d), with the sd shrunk towards the pooled one as in ``trial.verdict``."""
-        n = len(d)
-        ss = float(((d - d.mean()) ** 2).sum())
-        return (ss + PRIOR_PAIRS * self.prior_sd**2) / (n - 1 + PRIOR_PAIRS) / n
-
-    def _pool(self, d: np.ndarray) -> None:
-        if len(d) > 1:
-            self.pooled_ss += float(((d - d.mean()) ** 2).sum())
-            self.pooled_df += len(d) - 1
-
     def _start_trial(self, last: Window) -> None:
         """The next challenger of the incumbent; ``last``, the window just measured, is the trial's A0 when it
         is the incumbent's."""
         if self.budget_left() <= 0:  # the exploration budget is spent: stay until it has accrued again
             return
-        if self.targets.set and self.ref_att and np.mean(self.ref_att) >= MISSING \
+        if self.targets.set and self.refs.ref_att and np.mean(self.refs.ref_att) >= MISSING \
                 and self.budget_left() < self.trial_cost():
             return
-        if len(self.ref_lns) < self._refs_needed():  # the incumbent's noise is not known yet
+        if len(self.refs.ref_lns) < self._refs_needed():  # the incumbent's noise is not known yet
             return
         # an EB arm whose k (at the engine's N) is a lost arm's runs the same batches: at N = 16, θ = 0.14 and
         # 0.17 are both k = 2, and the closed forms move between trials
@@ -836,7 +759,7 @@ class Tuner:
         else:
             self.direction = -1 if new == STOCK else 0
         self.incumbent = new
-        self.ref_lns, self.ref_att = [], []  # the old incumbent's windows say nothing of the new one's spread
+        self.refs.ref_lns, self.refs.ref_att = [], []  # the old one's windows say nothing of the new one's spread
         self.ledger.gain_inc = []
         self.tried = {old}
         self.settled = False
@@ -856,8 +779,8 @@ class Tuner:
         self.window = None
         self.step, self.tried, self.direction = self.p.step_max, set(), 0
         self.settled, self.gap, self.recheck_gap = False, 0, self.p.recheck
-        self.pooled_ss = self.pooled_df = 0.0
-        self.stock_lns, self.stock_ttfts, self.stock_tpots = [], [], []  # stock's windows were of the old mix
+        self.refs.pooled_ss = self.refs.pooled_df = 0.0
+        self.refs.stock_lns, self.refs.stock_ttfts, self.refs.stock_tpots = [], [], []  # of the old mix
         self.ledger.gain_inc, self.ledger.gain_stock = [], []
 
     # --- output ---------------------------------------------------------------------------------------
@@ -885,7 +808,7 @@ class Tuner:
                                              "attainment": _attained(t)},
             "window": None if w is None else {"arm": w.arm, "completions": w.completions,
                                               "need": self.p.window},
-            "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.prior_sd,
+            "saturated": self.saturated, "gap": max(self.gap, 0), "pair_sd": self.refs.prior_sd,
             "reset_reason": self.reset_reason, **self.counts, "history": list(self.history), "gain": self.gain(),
             "stock_mixes": self.stock_mixes, "slo": self.slo_status(), "model": self.model_status(),
         }
